@@ -1,0 +1,27 @@
+# fedctl — set-up, the default run and the tests.
+# torch is installed first and pinned, so nothing later replaces the CPU build with a CUDA one.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[dev,bench]' "$(TORCH)"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup               ## set up, then run the default cluster (cluster.yaml) on this machine
+	$(VENV)/bin/fedctl run --config cluster.yaml
+
+test: setup               ## set up, then lint and run the whole test suite
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,275 @@
+"""`cluster.yaml`: load, validate, and give every field a typed home.
+
+Errors name the file, the field and what was expected, in one line::
+
+    cluster.yaml: rounds: expected an integer >= 1, got 'ten'
+
+Relative paths (data, output) are resolved against the directory of the YAML file, so a config
+works the same from wherever `fedctl` is started.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common import constants as C
+
+
+class ConfigError(ValueError):
+    """A cluster description that cannot be used; the message is one line naming the field."""
+
+
+@dataclass
+class MasterConfig:
+    """Where the master listens. ``host`` is what workers connect to; ``bind`` what it binds."""
+
+    host: str = "127.0.0.1"
+    bind: str = "*"
+    pub_port: int = C.DEFAULT_PUB_PORT
+    rep_port: int = C.DEFAULT_REP_PORT
+
+    @property
+    def pub_endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.pub_port}"
+
+    @property
+    def rep_endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.rep_port}"
+
+    @property
+    def pub_bind(self) -> str:
+        return f"tcp://{self.bind}:{self.pub_port}"
+
+    @property
+    def rep_bind(self) -> str:
+        return f"tcp://{self.bind}:{self.rep_port}"
+
+
+@dataclass
+class WorkerConfig:
+    """One worker: its name, host, its own data file (optional) and device."""
+
+    name: str
+    host: str = "127.0.0.1"
+    data: str | None = None
+    device: str = "auto"
+
+
+@dataclass
+class DataConfig:
+    """The dataset and how a simulated cluster splits it among workers.
+
+    A worker started with its own data file (``--data`` or ``workers[].data``) uses that file
+    whole; otherwise it takes its share of ``path`` by ``partition``.
+    """
+
+    path: str = "data/dbpedia_10k/dbpedia_10k.jsonl"
+    task: str = "one_vs_rest"
+    positive: str | None = "MeanOfTransportation"
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    proportions: list[float] | None = None
+    test_fraction: float = 0.2
+    limit: int | None = None
+    embedding_model: str | None = None
+    cache_dir: str | None = None
+
+
+@dataclass
+class ClusterConfig:
+    """The whole cluster description (see the README's cluster.yaml reference)."""
+
+    master: MasterConfig = field(default_factory=MasterConfig)
+    workers: list[WorkerConfig] = field(default_factory=list)
+    model: dict[str, Any] = field(default_factory=lambda: {"family": "mlp"})
+    strategy: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    rounds: int = 20
+    min_workers: int = 1
+    round_deadline: float = C.ROUND_DEADLINE
+    join_timeout: float = C.JOIN_TIMEOUT
+    data: DataConfig = field(default_factory=DataConfig)
+    output_dir: str = "runs/latest"
+    baselines: bool = True
+    seed: int = 0
+    source: str = "<defaults>"
+
+    @property
+    def family(self) -> str:
+        return str(self.model["family"])
+
+    @property
+    def family_params(self) -> dict[str, Any]:
+        """The model section less ``family``: the family's hyperparameters."""
+        return {k: v for k, v in self.model.items() if k != "family"}
+
+    @property
+    def strategy_params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.strategy.items() if k != "name"}
+
+    def worker(self, name: str) -> WorkerConfig:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        known = ", ".join(w.name for w in self.workers) or "none"
+        raise ConfigError(f"{self.source}: workers: no worker named {name!r} (known: {known})")
+
+    def with_workers(self, n: int) -> ClusterConfig:
+        """A copy with workers ``w1..wN`` (what ``fedctl run --workers N`` uses)."""
+        if n < 1:
+            raise ConfigError(f"{self.source}: workers: need at least 1 worker, got {n}")
+        cfg = copy.deepcopy(self)
+        cfg.workers = [WorkerConfig(name=f"w{i + 1}") for i in range(n)]
+        cfg.min_workers = min(cfg.min_workers, n)
+        return cfg
+
+
+def _expect(cond: bool, where: str, what: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{where}: expected {what}, got {value!r}")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _section(raw: dict, key: str, known: set[str], src: str) -> dict:
+    sec = raw.get(key) or {}
+    _expect(isinstance(sec, dict), f"{src}: {key}", "a mapping", sec)
+    unknown = set(sec) - known
+    if unknown:
+        raise ConfigError(
+            f"{src}: {key}.{sorted(unknown)[0]}: unknown field (known: {', '.join(sorted(known))})"
+        )
+    return sec
+
+
+def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
+    """Validate a parsed YAML document and build a :class:`ClusterConfig`.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the file, the field and what was expected.
+    """
+    src = source
+    if raw is None:
+        raw = {}
+    _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
+    top = {"master", "workers", "model", "strategy", "rounds", "min_workers", "round_deadline",
+           "join_timeout", "data", "output_dir", "baselines", "seed"}
+    unknown = set(raw) - top
+    if unknown:
+        raise ConfigError(
+            f"{src}: {sorted(unknown)[0]}: unknown field (known: {', '.join(sorted(top))})"
+        )
+    cfg = ClusterConfig(source=src)
+
+    m = _section(raw, "master", {"host", "bind", "pub_port", "rep_port"}, src)
+    master = MasterConfig(**m)
+    for port in ("pub_port", "rep_port"):
+        v = getattr(master, port)
+        _expect(_int(v) and 0 < v < 65536, f"{src}: master.{port}", "a port 1-65535", v)
+    _expect(master.pub_port != master.rep_port, f"{src}: master.rep_port",
+            "a port other than pub_port", master.rep_port)
+    for key in ("host", "bind"):
+        v = getattr(master, key)
+        _expect(isinstance(v, str) and v, f"{src}: master.{key}", "a host name or address", v)
+    cfg.master = master
+
+    workers = raw.get("workers") or []
+    _expect(isinstance(workers, list), f"{src}: workers", "a list", workers)
+    seen: set[str] = set()
+    for i, w in enumerate(workers):
+        where = f"{src}: workers[{i}]"
+        if isinstance(w, str):
+            w = {"name": w}
+        _expect(isinstance(w, dict), where, "a mapping with a name", w)
+        unknown = set(w) - {"name", "host", "data", "device"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field "
+                              "(known: data, device, host, name)")
+        name = w.get("name")
+        _expect(isinstance(name, str) and name and "\0" not in name, f"{where}.name",
+                "a non-empty name", name)
+        if name in seen:
+            raise ConfigError(f"{where}.name: duplicate worker name {name!r}")
+        seen.add(name)
+        cfg.workers.append(WorkerConfig(**w))
+
+    model = raw.get("model") or {"family": "mlp"}
+    _expect(isinstance(model, dict) and isinstance(model.get("family"), str),
+            f"{src}: model.family", "a model family name", model.get("family")
+            if isinstance(model, dict) else model)
+    cfg.model = dict(model)
+
+    strategy = raw.get("strategy", "fedavg")
+    if isinstance(strategy, str):
+        strategy = {"name": strategy}
+    _expect(isinstance(strategy, dict) and isinstance(strategy.get("name"), str),
+            f"{src}: strategy", "a strategy name or a mapping with a name", strategy)
+    cfg.strategy = dict(strategy)
+
+    for key, check, what in (
+        ("rounds", lambda v: _int(v) and v >= 1, "an integer >= 1"),
+        ("min_workers", lambda v: _int(v) and v >= 1, "an integer >= 1"),
+        ("round_deadline", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
+        ("join_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
+        ("seed", _int, "an integer"),
+        ("baselines", lambda v: isinstance(v, bool), "true or false"),
+        ("output_dir", lambda v: isinstance(v, str) and v, "a path"),
+    ):
+        if key in raw:
+            _expect(check(raw[key]), f"{src}: {key}", what, raw[key])
+            setattr(cfg, key, raw[key])
+
+    d = _section(raw, "data", set(DataConfig.__dataclass_fields__), src)
+    data = DataConfig(**d)
+    _expect(isinstance(data.path, str) and data.path, f"{src}: data.path", "a path", data.path)
+    _expect(_num(data.alpha) and data.alpha > 0, f"{src}: data.alpha", "a number > 0", data.alpha)
+    _expect(_num(data.test_fraction) and 0 < data.test_fraction < 1, f"{src}: data.test_fraction",
+            "a number between 0 and 1", data.test_fraction)
+    _expect(data.limit is None or (_int(data.limit) and data.limit > 0), f"{src}: data.limit",
+            "a positive integer", data.limit)
+    cfg.data = data
+
+    # Relative paths are relative to the YAML file's directory.
+    base = Path(source).resolve().parent if Path(source).exists() else Path.cwd()
+    cfg.data.path = str((base / data.path).resolve())
+    for w in cfg.workers:
+        if w.data:
+            w.data = str((base / w.data).resolve())
+    if data.cache_dir:
+        cfg.data.cache_dir = str((base / data.cache_dir).resolve())
+    cfg.output_dir = str((base / cfg.output_dir).resolve())
+    return cfg
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a cluster.yaml.
+
+    Raises
+    ------
+    ConfigError
+        Unreadable file, YAML syntax error (with its line), or an invalid field.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{line}") from None
+    return parse_config(raw, source=str(p))

@@ -1,0 +1,54 @@
+"""Tunables of the cluster, in one place.
+
+Every timing is in seconds unless its name says otherwise. Changing a value here changes it for
+the master, the workers and the tests alike; `cluster.yaml` overrides the ones that are per-cluster.
+"""
+
+from __future__ import annotations
+
+#: Version of the wire protocol (docs/PROTOCOL.md). A peer speaking another version is refused.
+PROTOCOL_VERSION = 1
+
+#: Frames at least this large are sent without copying (pyzmq hands ZeroMQ the buffer itself);
+#: below it a copy is cheaper than the bookkeeping of a zero-copy send.
+ZERO_COPY_THRESHOLD = 64 * 1024
+
+#: Largest header (frame 1) accepted, in bytes: a header carries names, shapes and small metadata.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+#: Largest message the master's REP socket accepts (ZMQ_MAXMSGSIZE, per frame), in bytes.
+MAX_MESSAGE_BYTES = 2 * 1024**3
+
+#: Most arrays one message may carry.
+MAX_ARRAYS = 4096
+
+#: Default ports of the master.
+DEFAULT_PUB_PORT = 5555
+DEFAULT_REP_PORT = 5556
+
+#: How often the master announces itself on PUB (slow-joiner handshake, round/version beacon).
+ANNOUNCE_INTERVAL = 0.2
+
+#: Lazy Pirate: how long a worker waits for a reply before it closes, reopens and resends.
+REQUEST_TIMEOUT = 10.0
+#: Lazy Pirate: how many times a request is sent before the peer is declared unreachable.
+REQUEST_RETRIES = 5
+
+#: How long a worker waits for the first announcement before giving up.
+JOIN_TIMEOUT = 120.0
+
+#: Default longest time a round waits for uploads before aggregating what arrived.
+ROUND_DEADLINE = 120.0
+
+#: How long the master waits at the end for workers' final reports.
+REPORT_TIMEOUT = 120.0
+
+#: Poll granularity of the master's and workers' event loops, in milliseconds.
+POLL_INTERVAL_MS = 20
+
+#: ZeroMQ high-water marks: bound the queues so a slow peer cannot exhaust memory.
+PUB_SNDHWM = 64
+SUB_RCVHWM = 64
+
+#: Socket linger on close, in milliseconds: a closing socket drops unsent messages after this.
+LINGER_MS = 1000

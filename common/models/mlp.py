@@ -1,0 +1,126 @@
+"""The MLP document classifier: two layers over sentence-embedding features.
+
+Used three ways with the same code: by each worker for its local update, by each worker for its
+local-only baseline, and centrally on pooled data for the centralized baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.metrics import classification_metrics
+
+OPTIMIZERS = ("adam", "sgd", "adamw")
+
+
+class MLPClassifier:
+    """Two-layer perceptron (Linear-ReLU-Linear) trained with cross-entropy.
+
+    Binary one-vs-rest is the two-class case; the same network serves any number of classes.
+
+    Parameters
+    ----------
+    input_dim : int
+        Feature size (384 for all-MiniLM-L6-v2).
+    n_classes : int
+        Number of classes (2 for one-vs-rest).
+    hidden : int, default 256
+    epochs : int, default 1
+        Passes over the data per call to :meth:`fit` (the local epochs of one round).
+    batch_size : int, default 64
+    optimizer : {"adam", "adamw", "sgd"}, default "adam"
+    lr : float, default 1e-3
+    weight_decay : float, default 0.0
+    device : str, default "cpu"
+    random_state : int, default 0
+        Seeds the initial weights and the batch order.
+
+    Attributes
+    ----------
+    model_ : torch.nn.Sequential
+    optimizer_ : torch.optim.Optimizer
+        Kept across calls to :meth:`fit`, so a worker's optimizer state survives its rounds.
+    last_loss_ : float
+        Mean training loss of the last epoch.
+    """
+
+    def __init__(self, input_dim: int, n_classes: int, hidden: int = 256, epochs: int = 1,
+                 batch_size: int = 64, optimizer: str = "adam", lr: float = 1e-3,
+                 weight_decay: float = 0.0, device: str = "cpu", random_state: int = 0) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        self.input_dim = input_dim
+        self.n_classes = n_classes
+        self.hidden = hidden
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.device = device
+        self.random_state = random_state
+        gen = torch.Generator().manual_seed(random_state)
+        torch.manual_seed(random_state)
+        self.model_ = nn.Sequential(
+            nn.Linear(input_dim, hidden), nn.ReLU(), nn.Linear(hidden, n_classes)
+        ).to(device)
+        self._gen = gen
+        opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+        self.optimizer_ = opt[optimizer](self.model_.parameters(), lr=lr,
+                                         weight_decay=weight_decay)
+        self.last_loss_ = float("nan")
+
+    # -- parameters as named numpy arrays: what travels on the wire ------------------------
+    def get_arrays(self) -> dict[str, np.ndarray]:
+        """The weights as named float32 arrays (copies, safe to send while training goes on)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model_.state_dict().items()}
+
+    def set_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Load weights from named arrays (e.g. the global model just received)."""
+        state = {k: torch.as_tensor(np.array(v, copy=True)) for k, v in arrays.items()}
+        self.model_.load_state_dict(state, strict=True)
+
+    # -- scikit-learn style ----------------------------------------------------------------
+    def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None) -> MLPClassifier:
+        """Run ``epochs`` (default ``self.epochs``) passes of mini-batch training."""
+        x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
+        y_t = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
+        n = len(x_t)
+        loss_fn = nn.CrossEntropyLoss()
+        self.model_.train()
+        for _ in range(self.epochs if epochs is None else epochs):
+            order = torch.randperm(n, generator=self._gen).to(self.device)
+            total = 0.0
+            for start in range(0, n, self.batch_size):
+                idx = order[start:start + self.batch_size]
+                self.optimizer_.zero_grad(set_to_none=True)
+                loss = loss_fn(self.model_(x_t[idx]), y_t[idx])
+                loss.backward()
+                self.optimizer_.step()
+                total += float(loss) * len(idx)
+            self.last_loss_ = total / max(n, 1)
+        return self
+
+    @torch.no_grad()
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        self.model_.eval()
+        x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
+        return self.model_(x_t).argmax(dim=1).cpu().numpy()
+
+    @torch.no_grad()
+    def loss(self, X: np.ndarray, y: np.ndarray) -> float:
+        """Mean cross-entropy on (X, y)."""
+        self.model_.eval()
+        x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
+        y_t = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
+        return float(nn.functional.cross_entropy(self.model_(x_t), y_t)) if len(y_t) else 0.0
+
+    def score(self, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        """Accuracy, macro-F1 and loss on (X, y)."""
+        out = classification_metrics(np.asarray(y), self.predict(X), self.n_classes)
+        out["loss"] = self.loss(X, y)
+        return out

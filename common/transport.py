@@ -1,0 +1,192 @@
+"""The thin socket layer: open the four kinds of socket, send and receive messages, Lazy Pirate.
+
+Meaning lives elsewhere (:mod:`common.messages`); framing in :mod:`common.wire`. Everything here
+is small enough to read in one sitting, as the ZeroMQ guide's patterns are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common import constants as C
+from common.messages import ERROR
+from common.wire import Message, ProtocolError, decode, encode, frames_nbytes
+
+log = logging.getLogger("fedctl.transport")
+
+
+class PeerUnreachable(ConnectionError):
+    """A request got no reply after every retry."""
+
+
+class RemoteError(RuntimeError):
+    """The peer answered a request with an ``error`` reply.
+
+    Attributes
+    ----------
+    code : str
+        The reply's error code (see :data:`common.messages.ERROR_CODES`).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def _tune(sock: zmq.Socket) -> zmq.Socket:
+    sock.setsockopt(zmq.LINGER, C.LINGER_MS)
+    sock.copy_threshold = C.ZERO_COPY_THRESHOLD
+    return sock
+
+
+def bind_pub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A PUB socket bound to ``endpoint`` with a bounded send queue."""
+    sock = _tune(ctx.socket(zmq.PUB))
+    sock.setsockopt(zmq.SNDHWM, C.PUB_SNDHWM)
+    sock.bind(endpoint)
+    return sock
+
+
+def bind_rep(ctx: zmq.Context, endpoint: str, max_message_bytes: int = C.MAX_MESSAGE_BYTES
+             ) -> zmq.Socket:
+    """A REP socket bound to ``endpoint`` that drops any frame over ``max_message_bytes``."""
+    sock = _tune(ctx.socket(zmq.REP))
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.bind(endpoint)
+    return sock
+
+
+def connect_sub(ctx: zmq.Context, endpoint: str, topics: Iterable[bytes]) -> zmq.Socket:
+    """A SUB socket connected to ``endpoint`` and subscribed to each topic prefix."""
+    sock = _tune(ctx.socket(zmq.SUB))
+    sock.setsockopt(zmq.RCVHWM, C.SUB_RCVHWM)
+    for topic in topics:
+        sock.setsockopt(zmq.SUBSCRIBE, topic)
+    sock.connect(endpoint)
+    return sock
+
+
+def send(sock: zmq.Socket, kind: str, body: Mapping[str, Any] | None = None,
+         arrays: Mapping[str, np.ndarray] | None = None, topic: bytes | None = None) -> int:
+    """Encode and send one message; returns the bytes put on the wire."""
+    frames = encode(kind, body, arrays, topic)
+    sock.send_multipart(frames, copy=False)
+    return frames_nbytes(frames)
+
+
+def recv(sock: zmq.Socket) -> tuple[Message, int]:
+    """Receive and decode one message; returns it and its size in bytes.
+
+    Raises
+    ------
+    ProtocolError
+        If the frames do not decode; the message has been consumed either way.
+    """
+    frames = sock.recv_multipart(copy=False)
+    return decode(frames), frames_nbytes(frames)
+
+
+def send_error(sock: zmq.Socket, code: str, message: str) -> int:
+    """Answer a request with an ``error`` reply."""
+    return send(sock, ERROR, {"code": code, "message": message})
+
+
+class LazyPirateClient:
+    """A REQ client that survives a dead or restarted server (ZeroMQ guide, ch. 4).
+
+    A REQ socket that got no reply is stuck, so on time-out the socket is closed (dropping the
+    request), a new one opened, and the request sent again, up to ``retries`` times.
+
+    Parameters
+    ----------
+    ctx : zmq.Context
+    endpoint : str
+        e.g. ``"tcp://127.0.0.1:5556"``.
+    timeout : float, default constants.REQUEST_TIMEOUT
+        Seconds to wait for each reply.
+    retries : int, default constants.REQUEST_RETRIES
+        Attempts before :class:`PeerUnreachable` is raised.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, timeout: float = C.REQUEST_TIMEOUT,
+                 retries: int = C.REQUEST_RETRIES) -> None:
+        self.ctx = ctx
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.retries = retries
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._sock: zmq.Socket | None = None
+
+    def _open(self) -> zmq.Socket:
+        sock = _tune(self.ctx.socket(zmq.REQ))
+        sock.setsockopt(zmq.LINGER, 0)  # a dropped request must not linger on close
+        sock.connect(self.endpoint)
+        return sock
+
+    def request(self, kind: str, body: Mapping[str, Any] | None = None,
+                arrays: Mapping[str, np.ndarray] | None = None) -> Message:
+        """Send a request and return the reply.
+
+        Raises
+        ------
+        PeerUnreachable
+            No reply after every retry.
+        RemoteError
+            The server answered with an ``error`` reply.
+        ProtocolError
+            The reply did not decode.
+        """
+        frames = encode(kind, body, arrays)
+        size = frames_nbytes(frames)
+        for attempt in range(1, self.retries + 1):
+            if self._sock is None:
+                self._sock = self._open()
+            self._sock.send_multipart(frames, copy=False)
+            self.bytes_sent += size
+            if self._sock.poll(int(self.timeout * 1000), zmq.POLLIN):
+                reply, nbytes = recv(self._sock)
+                self.bytes_received += nbytes
+                if reply.kind == ERROR:
+                    raise RemoteError(str(reply.body.get("code", "?")),
+                                      str(reply.body.get("message", "")))
+                return reply
+            log.warning("no reply to %s from %s in %.1fs (attempt %d/%d)", kind, self.endpoint,
+                        self.timeout, attempt, self.retries)
+            self._sock.close()
+            self._sock = None
+        raise PeerUnreachable(
+            f"no reply to {kind!r} from {self.endpoint} after {self.retries} attempts "
+            f"of {self.timeout:.1f}s"
+        )
+
+    def close(self) -> None:
+        """Close the socket (unsent requests are dropped)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def wait_readable(sockets: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Socket]:
+    """Poll sockets for input; returns those with a message waiting."""
+    poller = zmq.Poller()
+    for s in sockets:
+        poller.register(s, zmq.POLLIN)
+    return {s for s, _ in poller.poll(timeout_ms)}
+
+
+def monotonic() -> float:
+    """The clock every time-out uses."""
+    return time.monotonic()
+
+
+__all__ = [
+    "LazyPirateClient", "PeerUnreachable", "ProtocolError", "RemoteError", "bind_pub",
+    "bind_rep", "connect_sub", "recv", "send", "send_error", "wait_readable",
+]

@@ -1,0 +1,49 @@
+"""The abstract aggregation strategy every server rule implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ClientResult:
+    """One client's contribution to a round.
+
+    Attributes
+    ----------
+    worker_id : str
+    arrays : mapping of str to numpy.ndarray
+        The client's new parameters (same names and shapes as the global ones).
+    n_samples : int
+        Training examples behind them (FedAvg's weight).
+    """
+
+    worker_id: str
+    arrays: Mapping[str, np.ndarray]
+    n_samples: int
+
+
+class Strategy(ABC):
+    """Turns the global parameters and the clients' results into new global parameters.
+
+    Strategies with server-side state (FedAdam's moments, ...) keep it in attributes ending in
+    ``_`` and expose it through :meth:`state` / :meth:`load_state` so the master can checkpoint it.
+    """
+
+    name: str = "strategy"
+
+    @abstractmethod
+    def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
+                  ) -> dict[str, np.ndarray]:
+        """Return the new global parameters."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Server-side optimizer state, for checkpoints (none by default)."""
+        return {}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`state` returned."""
