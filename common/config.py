@@ -11,7 +11,7 @@ works the same from wherever `fedctl` is started.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,15 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     return cfg
 
 
+def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
+    """The config as plain data, ready for ``yaml.safe_dump`` (what ``fedctl run`` saves)."""
+    out = asdict(cfg)
+    out.pop("source")
+    out["workers"] = [{k: v for k, v in w.items() if v is not None} for w in out["workers"]]
+    out["data"] = {k: v for k, v in out["data"].items() if v is not None}
+    return out
+
+
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster.yaml.
 
@@ -273,3 +282,36 @@ def load_config(path: str | Path) -> ClusterConfig:
         line = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{p}: not valid YAML{line}") from None
     return parse_config(raw, source=str(p))
+
+
+def build_params(cls: type, params: dict[str, Any], where: str) -> Any:
+    """Build a family's hyperparameter dataclass from the ``model`` section.
+
+    Raises
+    ------
+    ConfigError
+        An unknown field, or a value whose type differs from the field's default.
+    """
+    fields = cls.__dataclass_fields__
+    for key, value in params.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{where}.{key}: unknown field (known: family, {', '.join(sorted(fields))})"
+            )
+        default = fields[key].default
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, (int, float)):
+            ok = _num(value) and (isinstance(default, float) or _int(value))
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        else:
+            ok = True
+        if not ok:
+            raise ConfigError(
+                f"{where}.{key}: expected {type(default).__name__}, got {value!r}"
+            )
+    try:
+        return cls(**params)
+    except ValueError as exc:  # the dataclass's own checks name the field
+        raise ConfigError(f"{where}.{exc}") from None

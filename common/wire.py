@@ -182,7 +182,7 @@ def decode(frames: Sequence[Any]) -> Message:
             f"{len(frames) - 2} buffer frame(s) arrived"
         )
     arrays: dict[str, np.ndarray] = {}
-    for spec, frame in zip(specs, frames[2:]):
+    for spec, frame in zip(specs, frames[2:], strict=True):
         name, dt, shape = _check_spec(spec)
         if name in arrays:
             raise ProtocolError(f"array {name!r} appears twice")

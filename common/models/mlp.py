@@ -7,6 +7,7 @@ local-only baseline, and centrally on pooled data for the centralized baseline.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,6 +16,48 @@ from torch import nn
 from common.metrics import classification_metrics
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
+
+
+@dataclass
+class MLPParams:
+    """Hyperparameters of the ``mlp`` family (the ``model`` section of cluster.yaml).
+
+    Parameters
+    ----------
+    hidden : int, default 256
+        Width of the hidden layer.
+    local_epochs : int, default 1
+        Passes over a worker's data per round.
+    batch_size : int, default 64
+    optimizer : {"adam", "adamw", "sgd"}, default "adam"
+    lr : float, default 1e-3
+    weight_decay : float, default 0.0
+    """
+
+    hidden: int = 256
+    local_epochs: int = 1
+    batch_size: int = 64
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
+        for name in ("hidden", "local_epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an integer >= 1")
+        if self.lr <= 0:
+            raise ValueError("lr: expected a number > 0")
+
+    def classifier(self, input_dim: int, n_classes: int, device: str = "cpu",
+                   random_state: int = 0) -> MLPClassifier:
+        """A fresh classifier with these hyperparameters."""
+        return MLPClassifier(input_dim, n_classes, hidden=self.hidden, epochs=self.local_epochs,
+                             batch_size=self.batch_size, optimizer=self.optimizer, lr=self.lr,
+                             weight_decay=self.weight_decay, device=device,
+                             random_state=random_state)
 
 
 class MLPClassifier:
@@ -101,7 +144,7 @@ class MLPClassifier:
                 loss = loss_fn(self.model_(x_t[idx]), y_t[idx])
                 loss.backward()
                 self.optimizer_.step()
-                total += float(loss) * len(idx)
+                total += loss.item() * len(idx)
             self.last_loss_ = total / max(n, 1)
         return self
 

@@ -1,0 +1,26 @@
+"""Model families, master side, by their ``cluster.yaml`` name."""
+
+from __future__ import annotations
+
+from common.config import ClusterConfig, ConfigError
+from master.families.base import Payload, ServerFamily
+from master.families.mlp import MLPServer
+from master.strategies import make_strategy
+
+SERVER_FAMILIES: dict[str, type[ServerFamily]] = {MLPServer.name: MLPServer}
+
+
+def make_server_family(cfg: ClusterConfig) -> ServerFamily:
+    """The master side of ``cfg.model.family`` with its strategy ``cfg.strategy``."""
+    cls = SERVER_FAMILIES.get(cfg.family)
+    if cls is None:
+        raise ConfigError(f"{cfg.source}: model.family: unknown family {cfg.family!r} "
+                          f"(known: {', '.join(sorted(SERVER_FAMILIES))})")
+    try:
+        strategy = make_strategy(cfg.strategy["name"], **cfg.strategy_params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{cfg.source}: strategy: {exc}") from None
+    return cls(cfg, strategy)
+
+
+__all__ = ["Payload", "ServerFamily", "SERVER_FAMILIES", "make_server_family"]

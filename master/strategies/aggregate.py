@@ -29,7 +29,7 @@ def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float]) -> dict
     for name in arrays[0]:
         first = arrays[0][name]
         acc = np.multiply(first, w[0], dtype=np.result_type(first.dtype, np.float32))
-        for wi, a in zip(w[1:], arrays[1:]):
+        for wi, a in zip(w[1:], arrays[1:], strict=True):
             acc += wi * a[name]
         out[name] = acc.astype(first.dtype, copy=False)
     return out

@@ -1,0 +1,75 @@
+"""Atomic file writes.
+
+A reader (another process, or this one after a crash) must never see a half-written model,
+report or embedding cache. Each writer therefore writes a temp file in the destination's own
+directory (so the final rename stays on one filesystem), fsyncs it and ``os.replace``-s it over
+the target, which is atomic on POSIX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+__all__ = ["atomic_write_bytes", "atomic_save_npy"]
+
+
+def _atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` atomically; ``write`` fills the open temp file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        # mkstemp creates 0600 files; give the result the usual permissions of a new file.
+        os.fchmod(fd, 0o644)
+        with open(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    # Persist the rename itself; not every filesystem allows fsync on a directory.
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, creating parent directories as needed.
+
+    Parameters
+    ----------
+    path : str or Path
+        Destination file; replaced if it exists.
+    data : bytes
+        The complete file content.
+    """
+    _atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_save_npy(path: str | Path, array: np.ndarray) -> None:
+    """Save ``array`` in ``.npy`` format to ``path`` atomically.
+
+    Unlike ``np.save(path, ...)`` no ``.npy`` suffix is appended: the file is written at exactly
+    ``path``. Object arrays are refused (``allow_pickle=False``).
+
+    Parameters
+    ----------
+    path : str or Path
+        Destination file; replaced if it exists.
+    array : np.ndarray
+        The array to save.
+    """
+    _atomic_write(path, lambda fh: np.save(fh, np.asarray(array), allow_pickle=False))

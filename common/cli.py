@@ -1,0 +1,143 @@
+"""`fedctl`: the command line of the cluster.
+
+    fedctl master --config cluster.yaml
+    fedctl worker --config cluster.yaml --id w1 [--data PATH]
+    fedctl run    [--config cluster.yaml] [--workers N]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from common.config import ClusterConfig, ConfigError, load_config
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), format=LOG_FORMAT,
+                        stream=sys.stderr)
+
+
+def _load(config: str, workers: int | None = None, rounds: int | None = None,
+          output: str | None = None) -> ClusterConfig:
+    cfg = load_config(config)
+    if workers is not None:
+        cfg = cfg.with_workers(workers)
+    if rounds is not None:
+        if rounds < 1:
+            raise ConfigError(f"--rounds: expected an integer >= 1, got {rounds}")
+        cfg.rounds = rounds
+    if output is not None:
+        cfg.output_dir = str(Path(output).resolve())
+    return cfg
+
+
+def _fail(exc: BaseException) -> None:
+    raise click.ClickException(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+_config = click.option("--config", "-c", default="cluster.yaml", show_default=True,
+                       type=click.Path(dir_okay=False), help="Cluster description.")
+_log_level = click.option("--log-level", default="info", show_default=True,
+                          type=click.Choice(["debug", "info", "warning", "error"]))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fedctl")
+def main() -> None:
+    """fedctl: federated learning for text over ZeroMQ.
+
+    A master publishes the global model (PUB) and takes updates (REP); workers train on
+    documents that never leave them (SUB + REQ).
+    """
+
+
+@main.command()
+@_config
+@click.option("--workers", type=int, default=None,
+              help="Expect workers w1..wN instead of the config's worker list.")
+@click.option("--rounds", type=int, default=None, help="Override the number of rounds.")
+@click.option("--output", "-o", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: output_dir of the config).")
+@_log_level
+def master(config: str, workers: int | None, rounds: int | None, output: str | None,
+           log_level: str) -> None:
+    """Run the master: announce, collect updates, aggregate, write results."""
+    _setup_logging(log_level)
+    from master.server import Master
+
+    try:
+        cfg = _load(config, workers, rounds, output)
+        server = Master(cfg)
+        server.bind()
+        server.serve()
+    except (ConfigError, OSError, TimeoutError, RuntimeError) as exc:
+        _fail(exc)
+    finally:
+        if "server" in locals():
+            server.close()
+
+
+@main.command()
+@_config
+@click.option("--id", "worker_id", required=True, help="This worker's name, e.g. w1.")
+@click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="JSONL {text, label} of this worker's own documents "
+                   "(default: its share of data.path).")
+@click.option("--device", default=None, help="auto, cpu, cuda, cuda:N (default: from config).")
+@click.option("--workers", type=int, default=None,
+              help="The cluster has workers w1..wN (as given to the master).")
+@click.option("--rounds", type=int, default=None, help="As given to the master.")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@_log_level
+def worker(config: str, worker_id: str, data: str | None, device: str | None,
+           workers: int | None, rounds: int | None, threads: int | None, log_level: str) -> None:
+    """Run a worker: join the master, train on local data each round, report."""
+    _setup_logging(log_level)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from common.transport import PeerUnreachable
+    from worker.client import Worker
+
+    try:
+        cfg = _load(config, workers, rounds)
+        Worker(cfg, worker_id, data_path=data, device=device).run()
+    except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable) as exc:
+        _fail(exc)
+
+
+@main.command()
+@_config
+@click.option("--workers", "-n", type=int, default=None,
+              help="Start N workers w1..wN (default: the config's worker list).")
+@click.option("--rounds", type=int, default=None, help="Override the number of rounds.")
+@click.option("--output", "-o", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: output_dir of the config).")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Live progress bar.")
+@_log_level
+def run(config: str, workers: int | None, rounds: int | None, output: str | None,
+        progress: bool, log_level: str) -> None:
+    """Run a whole cluster on this machine: a master and N workers as separate processes
+    over TCP loopback, with a live progress display; prints the comparison table."""
+    _setup_logging(log_level)
+    try:
+        cfg = _load(config, workers, rounds, output)
+    except ConfigError as exc:
+        _fail(exc)
+    from common.local_cluster import run_local_cluster
+
+    code = run_local_cluster(cfg, progress=progress, log_level=log_level)
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Which documents a worker holds: its own file, or its share of a dataset split among workers.
+
+The worker and the master's centralized baseline both call :func:`local_data`, so a simulated
+cluster and its baseline always see the very same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from common.config import ClusterConfig, ConfigError
+from common.data import TextDataset, embed_texts, holdout_split, make_task, partition, read_jsonl
+
+
+@dataclass
+class LocalData:
+    """A worker's documents.
+
+    Attributes
+    ----------
+    dataset : TextDataset
+        The file the indices point into (the worker's own file, or the shared one).
+    y : numpy.ndarray
+        Task label of every row of ``dataset``.
+    classes : list of str
+        Class names, ``y`` indexes into them.
+    train_index, test_index : numpy.ndarray
+        Rows the worker trains on and the rows of its own held-out test split.
+    """
+
+    dataset: TextDataset
+    y: np.ndarray
+    classes: list[str]
+    train_index: np.ndarray
+    test_index: np.ndarray
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train_index)
+
+
+@lru_cache(maxsize=4)
+def _load_task(path: str, limit: int | None, seed: int, task: str, positive: str | None
+               ) -> tuple[TextDataset, np.ndarray, list[str]]:
+    dataset = read_jsonl(path, limit=limit, seed=seed)
+    y, classes = make_task(dataset.labels, task=task, positive=positive)
+    return dataset, y, classes
+
+
+def local_data(cfg: ClusterConfig, worker_id: str, data_path: str | None = None) -> LocalData:
+    """The documents of worker ``worker_id``.
+
+    With ``data_path`` (or ``workers[].data`` in the config) the worker holds that whole file.
+    Otherwise ``data.path`` is partitioned among ``cfg.workers`` by ``data.partition`` and the
+    worker takes the share at its position in the list.
+
+    Raises
+    ------
+    ConfigError
+        The worker is not in the config's worker list and has no file of its own.
+    """
+    d = cfg.data
+    own = data_path
+    if own is None and any(w.name == worker_id for w in cfg.workers):
+        own = cfg.worker(worker_id).data
+    if own is not None:
+        dataset, y, classes = _load_task(str(own), d.limit, cfg.seed, d.task, d.positive)
+        rows = np.arange(len(y))
+        train, test = holdout_split(y, rows, d.test_fraction, cfg.seed)
+        return LocalData(dataset, y, classes, train, test)
+
+    names = [w.name for w in cfg.workers]
+    if worker_id not in names:
+        raise ConfigError(
+            f"{cfg.source}: workers: {worker_id!r} is not a worker of this cluster and has no "
+            f"data file of its own (known: {', '.join(names) or 'none'}; or pass --data)"
+        )
+    dataset, y, classes = _load_task(d.path, d.limit, cfg.seed, d.task, d.positive)
+    # Skew by the documents' own labels, not the task's: with a one-vs-rest task that means
+    # workers differ in which topics they hold, as readers of different subjects would.
+    _, topic = np.unique(np.asarray(dataset.labels), return_inverse=True)
+    parts = partition(topic, len(names), scheme=d.partition, alpha=d.alpha,
+                      proportions=d.proportions, seed=cfg.seed)
+    i = names.index(worker_id)
+    train, test = holdout_split(y, parts[i], d.test_fraction, cfg.seed + i)
+    return LocalData(dataset, y, classes, train, test)
+
+
+def simulated(cfg: ClusterConfig) -> bool:
+    """True when every worker takes a share of the shared dataset (so baselines can pool it)."""
+    return bool(cfg.workers) and all(w.data is None for w in cfg.workers)
+
+
+def sentence_features(cfg: ClusterConfig, dataset: TextDataset, device: str = "cpu",
+                      progress: bool = False) -> np.ndarray:
+    """Sentence-transformer features of every row of ``dataset`` (cached on disk).
+
+    The whole file is embedded, not just one worker's rows, so that every process of a
+    simulated cluster shares one cache entry and the model runs once per file.
+    """
+    return embed_texts(dataset.texts, model_path=cfg.data.embedding_model,
+                       cache_dir=cfg.data.cache_dir, device=device, progress=progress)

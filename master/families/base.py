@@ -1,0 +1,94 @@
+"""What a model family implements on the master's side."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig
+from common.wire import ProtocolError
+from master.strategies import ClientResult, Strategy
+
+
+@dataclass
+class Payload:
+    """What the master sends a worker for a round: small metadata and named arrays."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class ServerFamily(ABC):
+    """Master side of a model family: the pre-training exchange and aggregation.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+        The cluster; ``cfg.family_params`` holds this family's hyperparameters.
+    strategy : Strategy
+        The aggregation rule from ``cfg.strategy``.
+
+    Notes
+    -----
+    A family whose workers each get their own model (iFTM) sets ``per_worker = True`` and
+    answers :meth:`payload_for`; the master then publishes one payload per worker on that
+    worker's own topic instead of one broadcast.
+    """
+
+    name: str = "family"
+    per_worker: bool = False
+
+    def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
+        self.cfg = cfg
+        self.strategy = strategy
+        self.global_: Payload = Payload()
+
+    @abstractmethod
+    def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
+        """Pre-training exchange: from each worker's registration ``info``, the first payload."""
+
+    def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:
+        """Check a worker that registers after :meth:`setup`; raise ProtocolError to refuse."""
+
+    def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
+        """Fold a round's results into the global payload with the strategy (the default)."""
+        arrays = self.strategy.aggregate(self.global_.arrays, results)
+        self.global_ = Payload(self.global_.meta, arrays)
+        return self.global_
+
+    def payload_for(self, worker_id: str) -> Payload:
+        """The payload one worker gets (the global one unless ``per_worker``)."""
+        return self.global_
+
+    def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Refuse an update whose arrays differ in name, shape or dtype, or are not finite."""
+        expected = self.global_.arrays
+        if set(arrays) != set(expected):
+            missing = sorted(set(expected) - set(arrays))
+            extra = sorted(set(arrays) - set(expected))
+            raise ProtocolError(f"arrays do not match the model: missing {missing}, "
+                                f"unexpected {extra}", code="shape")
+        for name, ref in expected.items():
+            a = arrays[name]
+            if a.dtype != ref.dtype:
+                raise ProtocolError(f"array {name!r}: dtype {a.dtype} but the model has "
+                                    f"{ref.dtype}", code="dtype")
+            if a.shape != ref.shape:
+                raise ProtocolError(f"array {name!r}: shape {a.shape} but the model has "
+                                    f"{ref.shape}", code="shape")
+            if a.dtype.kind in "fc" and not np.isfinite(a).all():
+                raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
+
+    def centralized_baseline(self) -> dict[str, dict[str, float]] | None:
+        """Train on all workers' data pooled and score each worker's test split, where the
+        master can see the data (a simulated cluster); ``None`` otherwise."""
+        return None
+
+    @classmethod
+    def prepare(cls, cfg: ClusterConfig) -> None:
+        """Work worth doing once per machine before a local cluster starts (``fedctl run``):
+        e.g. embedding the shared dataset with a progress bar so every process hits the cache."""

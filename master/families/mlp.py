@@ -1,0 +1,75 @@
+"""The MLP document classifier, master side: agree on classes, start the model, baselines."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig, build_params
+from common.models.mlp import MLPParams
+from common.shards import local_data, sentence_features, simulated
+from common.wire import ProtocolError
+from master.families.base import Payload, ServerFamily
+from master.strategies import Strategy
+
+log = logging.getLogger("fedctl.master")
+
+
+class MLPServer(ServerFamily):
+    """Master side of ``model: {family: mlp}``.
+
+    The pre-training exchange agrees on the feature size and the class list (the union of the
+    workers' classes), then the master initializes the network with ``cfg.seed``.
+    """
+
+    name = "mlp"
+
+    def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
+        super().__init__(cfg, strategy)
+        self.params = build_params(MLPParams, cfg.family_params, f"{cfg.source}: model")
+
+    def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
+        dims = {int(info.get("input_dim", -1)) for info in registrations.values()}
+        if len(dims) != 1 or min(dims) < 1:
+            raise ProtocolError(f"workers disagree on the feature size: {sorted(dims)}",
+                                code="rejected")
+        lists = [list(info.get("classes", [])) for info in registrations.values()]
+        classes = lists[0] if all(c == lists[0] for c in lists) else sorted(set().union(*lists))
+        if len(classes) < 2:
+            raise ProtocolError(f"need at least 2 classes, the workers have {classes}",
+                                code="rejected")
+        (input_dim,) = dims
+        model = self.params.classifier(input_dim, len(classes), random_state=self.cfg.seed)
+        self.global_ = Payload({"classes": classes, "input_dim": input_dim}, model.get_arrays())
+        log.info("mlp: %d features, %d classes, %d parameters", input_dim, len(classes),
+                 sum(a.size for a in self.global_.arrays.values()))
+        return self.global_
+
+    def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:
+        meta = self.global_.meta
+        if int(info.get("input_dim", -1)) != meta["input_dim"]:
+            raise ProtocolError(f"feature size {info.get('input_dim')} but the model takes "
+                                f"{meta['input_dim']}", code="rejected")
+        unknown = set(info.get("classes", [])) - set(meta["classes"])
+        if unknown:
+            raise ProtocolError(f"classes {sorted(unknown)} are not in the model", code="rejected")
+
+    def centralized_baseline(self) -> dict[str, dict[str, float]] | None:
+        if not simulated(self.cfg):
+            return None
+        shards = {w.name: local_data(self.cfg, w.name) for w in self.cfg.workers}
+        first = next(iter(shards.values()))
+        X = sentence_features(self.cfg, first.dataset)
+        train = np.concatenate([s.train_index for s in shards.values()])
+        model = self.params.classifier(X.shape[1], len(first.classes), random_state=self.cfg.seed)
+        model.fit(X[train], first.y[train], epochs=self.cfg.rounds * self.params.local_epochs)
+        return {name: model.score(X[s.test_index], s.y[s.test_index])
+                for name, s in shards.items()}
+
+    @classmethod
+    def prepare(cls, cfg: ClusterConfig) -> None:
+        if simulated(cfg):
+            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset, progress=True)

@@ -1,0 +1,403 @@
+"""The master: announce on PUB, serve REQ/REP, run rounds, aggregate, report.
+
+One thread, one event loop. Each turn it announces itself when due, answers the requests
+waiting on REP (each answer is quick: validation and bookkeeping), and advances the job's
+phase: joining -> training -> reporting -> done. Aggregation runs between requests, never
+inside one, so a slow aggregation never holds a REQ waiting beyond its own cost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common import constants as C
+from common import messages as M
+from common.atomic import atomic_write_bytes
+from common.config import ClusterConfig
+from common.metrics import MetricsLog
+from common.transport import bind_pub, bind_rep, recv, send, send_error
+from common.wire import Message, ProtocolError
+from master.families import Payload, ServerFamily, make_server_family
+from master.report import comparison_rows, format_table
+from master.strategies import ClientResult
+
+log = logging.getLogger("fedctl.master")
+
+JOINING, TRAINING, REPORTING, DONE = "joining", "training", "reporting", "done"
+
+
+@dataclass
+class WorkerState:
+    """What the master knows of one registered worker."""
+
+    worker_id: str
+    n_samples: int
+    device: str
+    info: dict[str, Any]
+    registered_at: float
+    last_seen: float
+    report: dict[str, Any] | None = None
+
+
+@dataclass
+class RoundState:
+    """The open round: who it was sent to, what came back, and when."""
+
+    number: int
+    started: float
+    deadline: float
+    results: dict[str, ClientResult] = field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bytes_in: int = 0
+    broadcast_bytes: int = 0
+    publish_time: float = 0.0
+    last_wait_log: float = 0.0
+
+
+class Master:
+    """Serve one federated job described by ``cfg``.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+    ctx : zmq.Context, optional
+        Shared context (a new one by default).
+
+    Attributes
+    ----------
+    phase : str
+        ``joining``, ``training``, ``reporting`` or ``done``.
+    round : int
+        The open (or last) round, from 1.
+    version : int
+        Model version: 0 for the initial model, +1 per aggregation.
+    """
+
+    def __init__(self, cfg: ClusterConfig, ctx: zmq.Context | None = None) -> None:
+        self.cfg = cfg
+        self.ctx = ctx or zmq.Context.instance()
+        self.family: ServerFamily = make_server_family(cfg)
+        self.run_id = secrets.token_hex(4)
+        self.phase = JOINING
+        self.round = 0
+        self.version = 0
+        self.workers: dict[str, WorkerState] = {}
+        self.open: RoundState | None = None
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(self.out / "metrics.jsonl")
+        self.errors_served = 0
+        self._first_join: float | None = None
+        self._join_started = time.monotonic()
+        self._report_deadline = 0.0
+        self._next_announce = 0.0
+        self._expected = {w.name for w in cfg.workers}
+        self.pub: zmq.Socket | None = None
+        self.rep: zmq.Socket | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def bind(self) -> None:
+        """Bind PUB and REP; a port in use is a one-line error naming it."""
+        m = self.cfg.master
+        for attr, endpoint, key in (("pub", m.pub_bind, "pub_port"), ("rep", m.rep_bind,
+                                                                       "rep_port")):
+            try:
+                sock = bind_pub(self.ctx, endpoint) if attr == "pub" else bind_rep(self.ctx,
+                                                                                   endpoint)
+            except zmq.ZMQError as exc:
+                self.close()
+                raise OSError(f"cannot bind {endpoint} (master.{key}): {exc.strerror}") from None
+            setattr(self, attr, sock)
+        log.info("master %s: PUB %s, REP %s, %s with %s, %d round(s), waiting for %s",
+                 self.run_id, m.pub_bind, m.rep_bind, self.cfg.family, self.family.strategy.name,
+                 self.cfg.rounds, ", ".join(sorted(self._expected)) or
+                 f"{self.cfg.min_workers} worker(s)")
+
+    def serve(self) -> dict[str, Any]:
+        """Run the job to the end; returns the summary written to ``summary.json``."""
+        if self.rep is None:
+            self.bind()
+        self.metrics.write("start", run_id=self.run_id, family=self.cfg.family,
+                           strategy=self.family.strategy.name, rounds=self.cfg.rounds,
+                           time=time.time())
+        try:
+            while self.phase != DONE:
+                self._tick()
+        finally:
+            self.metrics.close()
+        return self.summary
+
+    def close(self) -> None:
+        for sock in (self.pub, self.rep):
+            if sock is not None:
+                sock.close(linger=C.LINGER_MS)
+        self.pub = self.rep = None
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_announce:
+            self._announce()
+            self._next_announce = now + C.ANNOUNCE_INTERVAL
+        timeout = max(0, min(C.POLL_INTERVAL_MS, int((self._next_announce - now) * 1000)))
+        if self.rep.poll(timeout, zmq.POLLIN):
+            # Drain what is waiting, then advance the job once.
+            while self.rep.poll(0, zmq.POLLIN):
+                self._serve_one()
+        self._advance(time.monotonic())
+
+    def _announce(self) -> None:
+        send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "phase": self.phase,
+                                    "round": self.round, "version": self.version,
+                                    "rounds": self.cfg.rounds}, topic=M.TOPIC_ANNOUNCE)
+
+    # ------------------------------------------------------------------ requests
+    def _serve_one(self) -> None:
+        try:
+            msg, nbytes = recv(self.rep)
+        except ProtocolError as exc:
+            return self._refuse(exc.code, str(exc), "?")
+        worker_id = str(msg.body.get("worker_id", "?"))[:128]
+        try:
+            M.check_request(msg.kind, msg.body)
+            handler = {M.REGISTER: self._on_register, M.FETCH: self._on_fetch,
+                       M.UPDATE: self._on_update, M.REPORT: self._on_report,
+                       M.PING: self._on_ping}[msg.kind]
+            handler(msg, nbytes)
+        except ProtocolError as exc:
+            self._refuse(exc.code, str(exc), worker_id)
+        except Exception as exc:  # a bug must not take the master down with it
+            log.exception("error serving %s from %s", msg.kind, worker_id)
+            self._refuse("rejected", f"{type(exc).__name__}: {exc}", worker_id)
+
+    def _refuse(self, code: str, message: str, worker_id: str) -> None:
+        self.errors_served += 1
+        log.warning("refused request from %s: %s (%s)", worker_id, message, code)
+        send_error(self.rep, code, message)
+
+    def _worker(self, msg: Message) -> WorkerState:
+        ws = self.workers.get(msg.body["worker_id"])
+        if ws is None:
+            raise ProtocolError(f"worker {msg.body['worker_id']!r} is not registered",
+                                code="unknown_worker")
+        ws.last_seen = time.monotonic()
+        return ws
+
+    def _on_register(self, msg: Message, nbytes: int) -> None:
+        b = msg.body
+        wid = b["worker_id"]
+        if self._expected and wid not in self._expected:
+            raise ProtocolError(f"worker {wid!r} is not in this cluster's worker list",
+                                code="unknown_worker")
+        if b["n_samples"] < 0:
+            raise ProtocolError("register: n_samples must be >= 0", code="bad_field")
+        if self.phase != JOINING:
+            self.family.admit(wid, b["info"])
+        now = time.monotonic()
+        rejoin = wid in self.workers
+        self.workers[wid] = WorkerState(wid, b["n_samples"], b["device"], b["info"], now, now)
+        if self._first_join is None:
+            self._first_join = now
+        log.info("%s %s: %d samples on %s (%d/%d registered)",
+                 "re-registered" if rejoin else "registered", wid, b["n_samples"], b["device"],
+                 len(self.workers), len(self._expected) or self.cfg.min_workers)
+        self.metrics.write("register", worker=wid, n_samples=b["n_samples"], device=b["device"],
+                           rejoin=rejoin, phase=self.phase, round=self.round, time=time.time())
+        body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
+                "version": self.version, "rounds": self.cfg.rounds}
+        if self.phase != JOINING:
+            body["meta"] = self.family.payload_for(wid).meta
+        send(self.rep, M.WELCOME, body)
+
+    def _on_fetch(self, msg: Message, nbytes: int) -> None:
+        ws = self._worker(msg)
+        if self.phase == JOINING:
+            raise ProtocolError("no model yet: the cluster is still joining", code="not_ready")
+        payload = self.family.payload_for(ws.worker_id)
+        send(self.rep, M.MODEL, self._payload_body(payload), payload.arrays)
+
+    def _payload_body(self, payload: Payload) -> dict[str, Any]:
+        deadline = self.open.deadline - time.monotonic() if self.open else 0.0
+        return {"run_id": self.run_id, "phase": self.phase, "round": self.round,
+                "version": self.version, "meta": payload.meta, "deadline_s": deadline}
+
+    def _on_update(self, msg: Message, nbytes: int) -> None:
+        ws = self._worker(msg)
+        b = msg.body
+        rnd = self.open
+        if self.phase != TRAINING or rnd is None or b["round"] != rnd.number:
+            raise ProtocolError(f"update for round {b['round']}, but "
+                                f"{'round ' + str(self.round) if rnd else 'no round'} is open",
+                                code="stale_round")
+        if b["version"] != self.version:
+            raise ProtocolError(f"update built on model version {b['version']}, the round "
+                                f"sent version {self.version}", code="stale_round")
+        if ws.worker_id in rnd.results:  # a Lazy Pirate resend: acknowledged, not recounted
+            send(self.rep, M.ACK, {"round": rnd.number, "duplicate": True})
+            return
+        if b["n_samples"] < 1:
+            raise ProtocolError("update: n_samples must be >= 1", code="bad_field")
+        self.family.check_update(msg.arrays)
+        rnd.results[ws.worker_id] = ClientResult(ws.worker_id, msg.arrays, b["n_samples"])
+        rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
+        rnd.bytes_in += nbytes
+        send(self.rep, M.ACK, {"round": rnd.number, "duplicate": False})
+
+    def _on_report(self, msg: Message, nbytes: int) -> None:
+        ws = self._worker(msg)
+        ws.report = dict(msg.body["report"])
+        log.info("final report from %s", ws.worker_id)
+        send(self.rep, M.ACK, {"round": self.round, "duplicate": False})
+
+    def _on_ping(self, msg: Message, nbytes: int) -> None:
+        self._worker(msg)
+        send(self.rep, M.PONG, {"phase": self.phase, "round": self.round,
+                                "version": self.version})
+
+    # ------------------------------------------------------------------ the job
+    def _advance(self, now: float) -> None:
+        if self.phase == JOINING:
+            self._maybe_start(now)
+        elif self.phase == TRAINING:
+            self._maybe_close_round(now)
+        elif self.phase == REPORTING:
+            waiting = [w for w in self.workers.values() if w.report is None]
+            if not waiting or now >= self._report_deadline:
+                if waiting:
+                    log.warning("no final report from %s", ", ".join(w.worker_id
+                                                                     for w in waiting))
+                self._finish()
+
+    def _maybe_start(self, now: float) -> None:
+        n = len(self.workers)
+        everyone = self._expected and self._expected <= set(self.workers)
+        waited = self._first_join is not None and now - self._first_join >= self.cfg.join_timeout
+        if not (everyone or (not self._expected and n >= self.cfg.min_workers)
+                or (waited and n >= self.cfg.min_workers)):
+            if now - self._join_started >= self.cfg.join_timeout and n < self.cfg.min_workers:
+                raise TimeoutError(f"only {n} of min_workers={self.cfg.min_workers} worker(s) "
+                                   f"registered within join_timeout={self.cfg.join_timeout:g}s")
+            return
+        regs = {w.worker_id: w.info for w in self.workers.values()}
+        try:
+            self.family.setup(regs)
+        except ProtocolError as exc:
+            raise RuntimeError(f"pre-training exchange failed: {exc}") from None
+        self.phase = TRAINING
+        self.round = 1
+        log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
+        self._start_round(now)
+
+    def _start_round(self, now: float) -> None:
+        rnd = RoundState(self.round, now, now + self.cfg.round_deadline)
+        self.open = rnd
+        t0 = time.perf_counter()
+        if self.family.per_worker:
+            for wid in self.workers:
+                p = self.family.payload_for(wid)
+                rnd.broadcast_bytes += send(self.pub, M.DIRECT, self._payload_body(p), p.arrays,
+                                            topic=M.direct_topic(wid))
+        else:
+            p = self.family.payload_for("")
+            rnd.broadcast_bytes = send(self.pub, M.ROUND, self._payload_body(p), p.arrays,
+                                       topic=M.TOPIC_ROUND)
+        rnd.publish_time = time.perf_counter() - t0
+        self._announce()  # tell late or lossy subscribers at once that a round is open
+
+    def _maybe_close_round(self, now: float) -> None:
+        rnd = self.open
+        assert rnd is not None
+        everyone = set(self.workers) <= set(rnd.results)
+        enough = len(rnd.results) >= self.cfg.min_workers
+        if not (everyone or (now >= rnd.deadline and enough)):
+            if now >= rnd.deadline and now - rnd.last_wait_log >= 10.0:
+                rnd.last_wait_log = now
+                log.warning("round %d: deadline passed with %d update(s), min_workers=%d; "
+                            "waiting for more", rnd.number, len(rnd.results),
+                            self.cfg.min_workers)
+            return
+        missing = sorted(set(self.workers) - set(rnd.results))
+        if missing:
+            log.warning("round %d: closing at its deadline without %s", rnd.number,
+                        ", ".join(missing))
+        t0 = time.perf_counter()
+        self.family.aggregate(rnd.number, list(rnd.results.values()))
+        aggregate_time = time.perf_counter() - t0
+        self.version += 1
+        self._log_round(rnd, aggregate_time, missing)
+        self.open = None
+        if rnd.number >= self.cfg.rounds:
+            self.phase = REPORTING
+            self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT
+            send(self.pub, M.SHUTDOWN, {"run_id": self.run_id, "version": self.version},
+                 topic=M.TOPIC_SHUTDOWN)
+            self._announce()
+            log.info("training done after %d round(s); collecting final reports", rnd.number)
+        else:
+            self.round += 1
+            self._start_round(time.monotonic())
+
+    def _log_round(self, rnd: RoundState, aggregate_time: float, missing: list[str]) -> None:
+        duration = time.monotonic() - rnd.started
+        train_times = [m.get("train_time", 0.0) for m in rnd.metrics.values()]
+        slowest = max(train_times, default=0.0)
+        for wid, m in rnd.metrics.items():
+            self.metrics.write("worker_round", round=rnd.number, worker=wid,
+                               n_samples=rnd.results[wid].n_samples, **m)
+        scores = [m["macro_f1"] for m in rnd.metrics.values() if "macro_f1" in m]
+        self.metrics.write(
+            "round", round=rnd.number, version=self.version, n_updates=len(rnd.results),
+            missing=missing, duration_s=duration, slowest_train_s=slowest,
+            overhead_s=duration - slowest, aggregate_s=aggregate_time,
+            publish_s=rnd.publish_time, broadcast_bytes=rnd.broadcast_bytes,
+            bytes_in=rnd.bytes_in, mean_macro_f1=float(np.mean(scores)) if scores else None,
+            time=time.time())
+        log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
+                 "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), duration, slowest,
+                 1000 * (duration - slowest),
+                 f", global macro-F1 at round start {np.mean(scores):.3f}" if scores else "")
+
+    def _finish(self) -> None:
+        final = self.family.global_
+        buf = _npz_bytes(final.arrays)
+        atomic_write_bytes(self.out / "model.npz", buf)
+        atomic_write_bytes(self.out / "model.json", json.dumps(
+            {"family": self.cfg.family, "meta": final.meta, "rounds": self.round,
+             "version": self.version, "run_id": self.run_id}, indent=2).encode())
+        central = None
+        if self.cfg.baselines:
+            log.info("training the centralized baseline on the pooled data")
+            central = self.family.centralized_baseline()
+        rows = comparison_rows({w: s.report for w, s in self.workers.items()}, central)
+        table = format_table(rows)
+        atomic_write_bytes(self.out / "comparison.md", (table + "\n").encode())
+        atomic_write_bytes(self.out / "comparison.json", json.dumps(rows, indent=2).encode())
+        self.summary = {"run_id": self.run_id, "rounds": self.round, "version": self.version,
+                        "workers": sorted(self.workers), "comparison": rows,
+                        "errors_served": self.errors_served}
+        atomic_write_bytes(self.out / "summary.json", json.dumps(self.summary, indent=2).encode())
+        self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
+        log.info("results in %s\n%s", self.out, table)
+        self.phase = DONE
+        # A last few announcements so workers still listening learn the job is over.
+        for _ in range(3):
+            self._announce()
+            time.sleep(C.ANNOUNCE_INTERVAL / 2)
+
+    summary: dict[str, Any] = {}
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()

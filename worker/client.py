@@ -1,0 +1,191 @@
+"""The worker: hold the documents, listen on SUB, train locally, report over REQ.
+
+Join (the slow-joiner handshake): subscribe, wait for the master's announcement, and only then
+register over REQ, so the first round's broadcast cannot be lost to a SUB still connecting.
+
+Each round arrives on PUB. A broadcast can still be missed (a high-water mark, a late join, a
+restart), so the periodic announcement doubles as a beacon: a worker that sees an announcement
+for a round it has not received fetches the model over REQ instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import zmq
+
+from common import messages as M
+from common.config import ClusterConfig
+from common.data import resolve_device
+from common.shards import local_data
+from common.transport import LazyPirateClient, RemoteError, connect_sub, recv
+from common.wire import Message, ProtocolError
+from worker.families import ClientFamily, make_client_family
+
+log = logging.getLogger("fedctl.worker")
+
+
+class Worker:
+    """One worker of the job described by ``cfg``.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+    worker_id : str
+        This worker's name (one of ``cfg.workers`` unless it brings its own data).
+    data_path : str, optional
+        A JSONL file of this worker's own documents; by default its share of ``cfg.data``.
+    device : str, optional
+        ``auto`` (CUDA when available), ``cpu``, ``cuda``...; default from the config.
+    ctx : zmq.Context, optional
+    """
+
+    def __init__(self, cfg: ClusterConfig, worker_id: str, data_path: str | None = None,
+                 device: str | None = None, ctx: zmq.Context | None = None) -> None:
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.ctx = ctx or zmq.Context.instance()
+        if device is None:
+            known = {w.name: w for w in cfg.workers}
+            device = known[worker_id].device if worker_id in known else "auto"
+        self.device = resolve_device(device)
+        self.data = local_data(cfg, worker_id, data_path)
+        seed = cfg.seed + 1000 + [w.name for w in cfg.workers].index(worker_id) \
+            if any(w.name == worker_id for w in cfg.workers) else cfg.seed + 1000
+        torch.manual_seed(seed)
+        self.family: ClientFamily = make_client_family(cfg, self.data, self.device, seed)
+        self.run_id: str | None = None
+        self.ready = False  # set up by the pre-training exchange
+        self.last_round = 0  # the last round this worker uploaded (or gave up on)
+        self.sub: zmq.Socket | None = None
+        self.req: LazyPirateClient | None = None
+        self._last_upload = time.monotonic()
+        self._sub_bytes = 0
+
+    def _request(self, kind: str, body: dict[str, Any], arrays: dict | None = None) -> Message:
+        assert self.req is not None
+        return self.req.request(kind, {"worker_id": self.worker_id, **body}, arrays)
+
+    def run(self) -> dict[str, Any]:
+        """Join, train every round, send the final report; returns that report."""
+        m = self.cfg.master
+        self.sub = connect_sub(self.ctx, m.pub_endpoint, [M.TOPIC_ANNOUNCE, M.TOPIC_ROUND,
+                                                           M.TOPIC_SHUTDOWN,
+                                                           M.direct_topic(self.worker_id)])
+        self.req = LazyPirateClient(self.ctx, m.rep_endpoint)
+        try:
+            first = self._wait_announce(self.cfg.join_timeout)
+            self._register(first)
+            return self._loop()
+        finally:
+            self.req.close()
+            self.sub.close(linger=0)
+
+    def _wait_announce(self, timeout: float) -> Message:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self._recv_sub(200)
+            if msg is not None and msg.kind == M.ANNOUNCE:
+                return msg
+        raise TimeoutError(f"no announcement from the master at {self.cfg.master.pub_endpoint} "
+                           f"within {timeout:g}s: is it running, and is the port reachable?")
+
+    def _recv_sub(self, timeout_ms: int) -> Message | None:
+        assert self.sub is not None
+        if not self.sub.poll(timeout_ms, zmq.POLLIN):
+            return None
+        try:
+            msg, nbytes = recv(self.sub)
+        except ProtocolError as exc:
+            log.warning("ignored a malformed broadcast: %s", exc)
+            return None
+        self._sub_bytes += nbytes
+        return msg
+
+    def _register(self, announce: Message) -> None:
+        info = self.family.registration_info()
+        reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
+                                           "device": self.device, "info": info})
+        self.run_id = reply.body.get("run_id")
+        log.info("%s registered with master %s (%d training, %d test documents, %s)",
+                 self.worker_id, self.run_id, self.data.n_train, len(self.data.test_index),
+                 self.device)
+        if "meta" in reply.body:  # joined after the pre-training exchange
+            self.family.setup(reply.body["meta"])
+            self.ready = True
+        # A worker that joins mid-job starts with the round that is open now.
+        if reply.body.get("phase") == "training":
+            self.last_round = int(reply.body.get("round", 1)) - 1
+
+    def _loop(self) -> dict[str, Any]:
+        silent_since = time.monotonic()
+        while True:
+            msg = self._recv_sub(200)
+            now = time.monotonic()
+            if msg is None:
+                if now - silent_since > self.cfg.join_timeout:
+                    raise TimeoutError(f"the master has been silent for "
+                                       f"{self.cfg.join_timeout:g}s")
+                continue
+            silent_since = now
+            if msg.kind in (M.ROUND, M.DIRECT):
+                if msg.body.get("round", 0) > self.last_round:
+                    self._train(msg)
+            elif msg.kind == M.SHUTDOWN:
+                return self._finish()
+            elif msg.kind == M.ANNOUNCE:
+                phase, rnd = msg.body.get("phase"), int(msg.body.get("round", 0))
+                if phase in ("reporting", "done"):
+                    return self._finish()
+                if phase == "training" and rnd > self.last_round:
+                    # A round is open that never reached us on PUB: fetch it over REQ.
+                    log.info("round %d announced but not received: fetching it", rnd)
+                    self._train(self._request(M.FETCH, {}))
+
+    def _train(self, msg: Message) -> None:
+        body = msg.body
+        rnd = int(body["round"])
+        if not self.ready:
+            self.family.setup(body["meta"])
+            self.ready = True
+        received = time.monotonic()
+        wait_time = received - self._last_upload
+        bytes_in = self._sub_bytes
+        self._sub_bytes = 0
+        scores = self.family.evaluate(body["meta"], msg.arrays)
+        result = self.family.fit(rnd, body["meta"], msg.arrays)
+        metrics = {**{k: float(v) for k, v in scores.items()},
+                   **{k: float(v) for k, v in result.metrics.items()},
+                   "wait_time": wait_time, "bytes_in": bytes_in}
+        try:
+            reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
+                                             "n_samples": result.n_samples, "metrics": metrics},
+                                  result.arrays)
+            log.info("round %d: loss %.4f, global model before training macro-F1 %.4f, "
+                     "%.3fs training%s", rnd, metrics.get("train_loss", float("nan")),
+                     metrics.get("macro_f1", float("nan")), metrics.get("train_time", 0.0),
+                     " (resend)" if reply.body.get("duplicate") else "")
+        except RemoteError as exc:
+            # Too late (the round closed at its deadline) or refused: move on to the next one.
+            log.warning("round %d: update not accepted: %s", rnd, exc)
+        self.last_round = rnd
+        self._last_upload = time.monotonic()
+
+    def _finish(self) -> dict[str, Any]:
+        final = self._request(M.FETCH, {})
+        if not self.ready:
+            self.family.setup(final.body["meta"])
+            self.ready = True
+        federated = self.family.evaluate(final.body["meta"], final.arrays)
+        local_only = self.family.local_baseline() if self.cfg.baselines else None
+        report = {"federated": federated, "local_only": local_only,
+                  "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),
+                  "version": int(final.body.get("version", 0))}
+        self._request(M.REPORT, {"report": report})
+        log.info("%s done: federated macro-F1 %.4f%s", self.worker_id,
+                 federated.get("macro_f1", float("nan")),
+                 f", local-only {local_only['macro_f1']:.4f}" if local_only else "")
+        return report

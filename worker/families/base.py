@@ -1,0 +1,71 @@
+"""What a model family implements on the worker's side."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig
+from common.shards import LocalData
+
+
+@dataclass
+class FitResult:
+    """A local update: the new arrays, the examples behind them, and what to log."""
+
+    arrays: dict[str, np.ndarray]
+    n_samples: int
+    metrics: dict[str, float]
+
+
+class ClientFamily(ABC):
+    """Worker side of a model family: local update, evaluation, local-only baseline.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+        The cluster; ``cfg.family_params`` holds this family's hyperparameters.
+    data : LocalData
+        This worker's documents; they never leave the worker.
+    device : str
+        Resolved torch device (``"cpu"``, ``"cuda"``, ...).
+    seed : int
+        This worker's seed.
+    """
+
+    name: str = "family"
+
+    def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        self.cfg = cfg
+        self.data = data
+        self.device = device
+        self.seed = seed
+
+    @property
+    def n_samples(self) -> int:
+        return self.data.n_train
+
+    def registration_info(self) -> dict[str, Any]:
+        """What the master needs for the pre-training exchange (sizes, labels, vocabulary)."""
+        return {}
+
+    def setup(self, meta: Mapping[str, Any]) -> None:
+        """Take the master's answer to the pre-training exchange."""
+
+    @abstractmethod
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        """Local update from the global payload."""
+
+    @abstractmethod
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        """Score a global payload on this worker's own test split."""
+
+    def local_baseline(self) -> dict[str, float] | None:
+        """Score of a model trained on this worker's data alone (same budget), if meaningful."""
+        return None

@@ -1,0 +1,69 @@
+"""The MLP document classifier, worker side: embed the local documents, train, score."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig, build_params
+from common.models.mlp import MLPClassifier, MLPParams
+from common.shards import LocalData, sentence_features
+from worker.families.base import ClientFamily, FitResult
+
+
+class MLPClient(ClientFamily):
+    """Worker side of ``model: {family: mlp}``."""
+
+    name = "mlp"
+
+    def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        super().__init__(cfg, data, device, seed)
+        self.params = build_params(MLPParams, cfg.family_params, f"{cfg.source}: model")
+        X = sentence_features(cfg, data.dataset, device=device, progress=True)
+        self.x_train, self.x_test = X[data.train_index], X[data.test_index]
+        self.model: MLPClassifier | None = None
+        self.classes: list[str] = list(data.classes)
+        self._remap(self.classes)
+
+    def _remap(self, classes: list[str]) -> None:
+        missing = set(self.data.classes) - set(classes)
+        if missing:
+            raise ValueError(f"the model does not know the classes {sorted(missing)}")
+        to_global = np.array([classes.index(c) for c in self.data.classes], dtype=np.int64)
+        self.y_train = to_global[self.data.y[self.data.train_index]]
+        self.y_test = to_global[self.data.y[self.data.test_index]]
+        self.classes = classes
+
+    def registration_info(self) -> dict[str, Any]:
+        return {"input_dim": int(self.x_train.shape[1]), "classes": list(self.data.classes)}
+
+    def setup(self, meta: Mapping[str, Any]) -> None:
+        self._remap(list(meta["classes"]))
+        self.model = self.params.classifier(int(meta["input_dim"]), len(self.classes),
+                                            device=self.device, random_state=self.seed)
+
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        assert self.model is not None, "setup() first"
+        self.model.set_arrays(arrays)
+        t0 = time.perf_counter()
+        self.model.fit(self.x_train, self.y_train)
+        train_time = time.perf_counter() - t0
+        return FitResult(self.model.get_arrays(), len(self.y_train),
+                         {"train_loss": self.model.last_loss_, "train_time": train_time})
+
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        assert self.model is not None, "setup() first"
+        self.model.set_arrays(arrays)
+        return self.model.score(self.x_test, self.y_test)
+
+    def local_baseline(self) -> dict[str, float]:
+        """Same network and epochs (rounds x local epochs), this worker's data alone."""
+        model = self.params.classifier(self.x_train.shape[1], len(self.classes),
+                                       device=self.device, random_state=self.seed)
+        model.fit(self.x_train, self.y_train, epochs=self.cfg.rounds * self.params.local_epochs)
+        return model.score(self.x_test, self.y_test)
