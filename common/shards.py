@@ -89,6 +89,16 @@ def local_data(cfg: ClusterConfig, worker_id: str, data_path: str | None = None)
     return LocalData(dataset, y, classes, train, test)
 
 
+def worker_seed(cfg: ClusterConfig, worker_id: str) -> int:
+    """The seed of a worker's own randomness (its model's initialization, its batch order).
+
+    The master's simulation baselines use it too, so they rebuild a worker's local-only model
+    exactly.
+    """
+    names = [w.name for w in cfg.workers]
+    return cfg.seed + 1000 + (names.index(worker_id) if worker_id in names else len(names))
+
+
 def simulated(cfg: ClusterConfig) -> bool:
     """True when every worker takes a share of the shared dataset (so baselines can pool it)."""
     return bool(cfg.workers) and all(w.data is None for w in cfg.workers)

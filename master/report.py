@@ -39,8 +39,10 @@ def _fmt(x: Any) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A markdown table of :func:`comparison_rows`, with a mean row."""
+def format_table(rows: list[dict[str, Any]],
+                 pooled: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """A markdown table of :func:`comparison_rows` with a mean row and, where the data could
+    be pooled, a second table scoring every model on all workers' test splits together."""
     head = ("| worker | train | test | local-only F1 | federated F1 | centralized F1 "
             "| local-only acc | federated acc | centralized acc |")
     lines = [head, "|" + "---|" * 9]
@@ -56,4 +58,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 vals = [r[f"{c}_{metric}"] for r in rows if r[f"{c}_{metric}"] is not None]
                 means.append(_fmt(sum(vals) / len(vals)) if vals else "n/a")
         lines.append("| " + " | ".join(means) + " |")
+    if pooled:
+        lines += ["", "All workers' test splits pooled:", "",
+                  "| model | macro-F1 | accuracy |", "|---|---|---|"]
+        lines += [f"| {name} | {_fmt(m.get('macro_f1'))} | {_fmt(m.get('accuracy'))} |"
+                  for name, m in pooled.items()]
     return "\n".join(lines)

@@ -347,8 +347,9 @@ class Master:
 
     def _log_round(self, rnd: RoundState, aggregate_time: float, missing: list[str]) -> None:
         duration = time.monotonic() - rnd.started
-        train_times = [m.get("train_time", 0.0) for m in rnd.metrics.values()]
-        slowest = max(train_times, default=0.0)
+        slowest = max((m.get("train_time", 0.0) for m in rnd.metrics.values()), default=0.0)
+        slowest_compute = max((m.get("train_time", 0.0) + m.get("eval_time", 0.0)
+                               for m in rnd.metrics.values()), default=0.0)
         for wid, m in rnd.metrics.items():
             self.metrics.write("worker_round", round=rnd.number, worker=wid,
                                n_samples=rnd.results[wid].n_samples, **m)
@@ -356,7 +357,8 @@ class Master:
         self.metrics.write(
             "round", round=rnd.number, version=self.version, n_updates=len(rnd.results),
             missing=missing, duration_s=duration, slowest_train_s=slowest,
-            overhead_s=duration - slowest, aggregate_s=aggregate_time,
+            overhead_s=duration - slowest, slowest_compute_s=slowest_compute,
+            comm_overhead_s=duration - slowest_compute, aggregate_s=aggregate_time,
             publish_s=rnd.publish_time, broadcast_bytes=rnd.broadcast_bytes,
             bytes_in=rnd.bytes_in, mean_macro_f1=float(np.mean(scores)) if scores else None,
             time=time.time())
@@ -372,17 +374,20 @@ class Master:
         atomic_write_bytes(self.out / "model.json", json.dumps(
             {"family": self.cfg.family, "meta": final.meta, "rounds": self.round,
              "version": self.version, "run_id": self.run_id}, indent=2).encode())
-        central = None
+        sim = None
         if self.cfg.baselines:
             log.info("training the centralized baseline on the pooled data")
-            central = self.family.centralized_baseline()
-        rows = comparison_rows({w: s.report for w, s in self.workers.items()}, central)
-        table = format_table(rows)
+            sim = self.family.simulation_baselines()
+        sim = sim or {}
+        rows = comparison_rows({w: s.report for w, s in self.workers.items()},
+                               sim.get("centralized"))
+        table = format_table(rows, sim.get("pooled"))
         atomic_write_bytes(self.out / "comparison.md", (table + "\n").encode())
-        atomic_write_bytes(self.out / "comparison.json", json.dumps(rows, indent=2).encode())
+        atomic_write_bytes(self.out / "comparison.json", json.dumps(
+            {"per_worker": rows, "pooled": sim.get("pooled")}, indent=2).encode())
         self.summary = {"run_id": self.run_id, "rounds": self.round, "version": self.version,
                         "workers": sorted(self.workers), "comparison": rows,
-                        "errors_served": self.errors_served}
+                        "pooled": sim.get("pooled"), "errors_served": self.errors_served}
         atomic_write_bytes(self.out / "summary.json", json.dumps(self.summary, indent=2).encode())
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         log.info("results in %s\n%s", self.out, table)

@@ -20,7 +20,7 @@ import zmq
 from common import messages as M
 from common.config import ClusterConfig
 from common.data import resolve_device
-from common.shards import local_data
+from common.shards import local_data, worker_seed
 from common.transport import LazyPirateClient, RemoteError, connect_sub, recv
 from common.wire import Message, ProtocolError
 from worker.families import ClientFamily, make_client_family
@@ -53,8 +53,7 @@ class Worker:
             device = known[worker_id].device if worker_id in known else "auto"
         self.device = resolve_device(device)
         self.data = local_data(cfg, worker_id, data_path)
-        seed = cfg.seed + 1000 + [w.name for w in cfg.workers].index(worker_id) \
-            if any(w.name == worker_id for w in cfg.workers) else cfg.seed + 1000
+        seed = worker_seed(cfg, worker_id)
         torch.manual_seed(seed)
         self.family: ClientFamily = make_client_family(cfg, self.data, self.device, seed)
         self.run_id: str | None = None
@@ -155,11 +154,13 @@ class Worker:
         wait_time = received - self._last_upload
         bytes_in = self._sub_bytes
         self._sub_bytes = 0
+        t0 = time.perf_counter()
         scores = self.family.evaluate(body["meta"], msg.arrays)
+        eval_time = time.perf_counter() - t0
         result = self.family.fit(rnd, body["meta"], msg.arrays)
         metrics = {**{k: float(v) for k, v in scores.items()},
                    **{k: float(v) for k, v in result.metrics.items()},
-                   "wait_time": wait_time, "bytes_in": bytes_in}
+                   "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         try:
             reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
                                              "n_samples": result.n_samples, "metrics": metrics},

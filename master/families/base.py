@@ -83,9 +83,15 @@ class ServerFamily(ABC):
             if a.dtype.kind in "fc" and not np.isfinite(a).all():
                 raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
 
-    def centralized_baseline(self) -> dict[str, dict[str, float]] | None:
-        """Train on all workers' data pooled and score each worker's test split, where the
-        master can see the data (a simulated cluster); ``None`` otherwise."""
+    def simulation_baselines(self) -> dict[str, Any] | None:
+        """Baselines only a simulated cluster allows, where the master can see all the data.
+
+        Returns ``None`` (the default, and for a real deployment) or a dict with
+        ``centralized``: worker id -> scores on that worker's test split of a model trained on
+        all workers' training data pooled; and ``pooled``: model name -> scores on all the
+        workers' test splits together, for each worker's local-only model, the federated model
+        and the centralized one.
+        """
         return None
 
     @classmethod

@@ -10,7 +10,7 @@ import numpy as np
 
 from common.config import ClusterConfig, build_params
 from common.models.mlp import MLPParams
-from common.shards import local_data, sentence_features, simulated
+from common.shards import local_data, sentence_features, simulated, worker_seed
 from common.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.strategies import Strategy
@@ -57,17 +57,33 @@ class MLPServer(ServerFamily):
         if unknown:
             raise ProtocolError(f"classes {sorted(unknown)} are not in the model", code="rejected")
 
-    def centralized_baseline(self) -> dict[str, dict[str, float]] | None:
+    def simulation_baselines(self) -> dict[str, Any] | None:
         if not simulated(self.cfg):
             return None
-        shards = {w.name: local_data(self.cfg, w.name) for w in self.cfg.workers}
+        cfg, p = self.cfg, self.params
+        shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
         first = next(iter(shards.values()))
-        X = sentence_features(self.cfg, first.dataset)
+        X, y, n_classes = sentence_features(cfg, first.dataset), first.y, len(first.classes)
+        # The workers' class order comes from the pre-training exchange; map into it.
+        to_global = np.array([self.global_.meta["classes"].index(c) for c in first.classes])
+        y = to_global[y]
+        epochs = cfg.rounds * p.local_epochs
+        test = np.concatenate([s.test_index for s in shards.values()])
         train = np.concatenate([s.train_index for s in shards.values()])
-        model = self.params.classifier(X.shape[1], len(first.classes), random_state=self.cfg.seed)
-        model.fit(X[train], first.y[train], epochs=self.cfg.rounds * self.params.local_epochs)
-        return {name: model.score(X[s.test_index], s.y[s.test_index])
-                for name, s in shards.items()}
+        central = p.classifier(X.shape[1], n_classes, random_state=cfg.seed)
+        central.fit(X[train], y[train], epochs=epochs)
+        federated = p.classifier(X.shape[1], n_classes)
+        federated.set_arrays(self.global_.arrays)
+        pooled = {}
+        for name, s in shards.items():
+            local = p.classifier(X.shape[1], n_classes, random_state=worker_seed(cfg, name))
+            local.fit(X[s.train_index], y[s.train_index], epochs=epochs)
+            pooled[f"local-only {name}"] = local.score(X[test], y[test])
+        pooled["federated"] = federated.score(X[test], y[test])
+        pooled["centralized"] = central.score(X[test], y[test])
+        return {"centralized": {name: central.score(X[s.test_index], y[s.test_index])
+                                for name, s in shards.items()},
+                "pooled": pooled}
 
     @classmethod
     def prepare(cls, cfg: ClusterConfig) -> None:
