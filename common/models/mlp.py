@@ -161,7 +161,6 @@ class MLPClassifier:
         x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
         y_t = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
         logits = self.model_(x_t)
-        out = classification_metrics(np.asarray(y), logits.argmax(dim=1).cpu().numpy(),
-                                     self.n_classes)
+        out = classification_metrics(np.asarray(y), logits.argmax(dim=1).cpu().numpy())
         out["loss"] = float(nn.functional.cross_entropy(logits, y_t)) if len(y_t) else 0.0
         return out
