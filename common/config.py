@@ -141,14 +141,18 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _check_keys(mapping: dict, known: set[str], where: str) -> None:
+    """Refuse keys that are not strings or not known; the first offender is named."""
+    for k in mapping:
+        if not isinstance(k, str) or k not in known:
+            name = k if isinstance(k, str) and k.isprintable() else repr(k)
+            raise ConfigError(f"{where}{name}: unknown field (known: {', '.join(sorted(known))})")
+
+
 def _section(raw: dict, key: str, known: set[str], src: str) -> dict:
     sec = raw.get(key) or {}
     _expect(isinstance(sec, dict), f"{src}: {key}", "a mapping", sec)
-    unknown = set(sec) - known
-    if unknown:
-        raise ConfigError(
-            f"{src}: {key}.{sorted(unknown)[0]}: unknown field (known: {', '.join(sorted(known))})"
-        )
+    _check_keys(sec, known, f"{src}: {key}.")
     return sec
 
 
@@ -166,11 +170,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
     top = {"master", "workers", "model", "strategy", "rounds", "min_workers", "round_deadline",
            "join_timeout", "data", "output_dir", "baselines", "seed"}
-    unknown = set(raw) - top
-    if unknown:
-        raise ConfigError(
-            f"{src}: {sorted(unknown)[0]}: unknown field (known: {', '.join(sorted(top))})"
-        )
+    _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
     m = _section(raw, "master", {"host", "bind", "pub_port", "rep_port"}, src)
@@ -193,13 +193,16 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         if isinstance(w, str):
             w = {"name": w}
         _expect(isinstance(w, dict), where, "a mapping with a name", w)
-        unknown = set(w) - {"name", "host", "data", "device"}
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field "
-                              "(known: data, device, host, name)")
+        _check_keys(w, {"name", "host", "data", "device"}, f"{where}.")
         name = w.get("name")
-        _expect(isinstance(name, str) and name and "\0" not in name, f"{where}.name",
-                "a non-empty name", name)
+        _expect(isinstance(name, str) and name and "\0" not in name and "\n" not in name,
+                f"{where}.name", "a non-empty one-line name", name)
+        for key in ("host", "device"):
+            if key in w:
+                _expect(isinstance(w[key], str) and w[key], f"{where}.{key}", "a string", w[key])
+        if w.get("data") is not None:
+            _expect(isinstance(w["data"], str) and w["data"], f"{where}.data", "a path",
+                    w["data"])
         if name in seen:
             raise ConfigError(f"{where}.name: duplicate worker name {name!r}")
         seen.add(name)
@@ -234,6 +237,15 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     d = _section(raw, "data", set(DataConfig.__dataclass_fields__), src)
     data = DataConfig(**d)
     _expect(isinstance(data.path, str) and data.path, f"{src}: data.path", "a path", data.path)
+    for key in ("cache_dir", "embedding_model", "positive"):
+        v = getattr(data, key)
+        _expect(v is None or (isinstance(v, str) and v), f"{src}: data.{key}", "a string", v)
+    for key in ("task", "partition"):
+        v = getattr(data, key)
+        _expect(isinstance(v, str) and v, f"{src}: data.{key}", "a string", v)
+    _expect(data.proportions is None or (isinstance(data.proportions, list)
+                                         and all(_num(x) for x in data.proportions)),
+            f"{src}: data.proportions", "a list of numbers", data.proportions)
     _expect(_num(data.alpha) and data.alpha > 0, f"{src}: data.alpha", "a number > 0", data.alpha)
     _expect(_num(data.test_fraction) and 0 < data.test_fraction < 1, f"{src}: data.test_fraction",
             "a number between 0 and 1", data.test_fraction)
@@ -258,7 +270,6 @@ def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
     out = asdict(cfg)
     out.pop("source")
     out["workers"] = [{k: v for k, v in w.items() if v is not None} for w in out["workers"]]
-    out["data"] = {k: v for k, v in out["data"].items() if v is not None}
     return out
 
 
@@ -272,9 +283,11 @@ def load_config(path: str | Path) -> ClusterConfig:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a UTF-8 text file") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

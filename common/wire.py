@@ -84,9 +84,12 @@ def check_dtype(dtype: str) -> np.dtype:
     ProtocolError
         With code ``"dtype"`` for an unsupported or unsafe dtype.
     """
-    if not isinstance(dtype, str) or not _DTYPE_RE.match(dtype):
+    if not isinstance(dtype, str) or not _DTYPE_RE.fullmatch(dtype):
         raise ProtocolError(f"unsupported dtype {dtype!r}", code="dtype")
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):  # matches the pattern, but numpy has no such type ("<f3")
+        raise ProtocolError(f"unsupported dtype {dtype!r}", code="dtype") from None
     if dt.itemsize == 0 or dt.hasobject:
         raise ProtocolError(f"unsupported dtype {dtype!r}", code="dtype")
     return dt
@@ -122,8 +125,9 @@ def encode(
     for name, arr in (arrays or {}).items():
         arr = np.asarray(arr)
         dt = check_dtype(arr.dtype.str)
+        shape = list(arr.shape)  # taken first: ascontiguousarray turns 0-d arrays into 1-d
         arr = np.ascontiguousarray(arr)
-        specs.append([str(name), dt.str, list(arr.shape)])
+        specs.append([str(name), dt.str, shape])
         # A flat byte view of the array's own memory: works for 0-d and empty arrays alike.
         buffers.append(arr.reshape(-1).view(np.uint8))
     header = msgpack.packb(
@@ -164,7 +168,7 @@ def decode(frames: Sequence[Any]) -> Message:
     if not isinstance(header, dict):
         raise ProtocolError("header is not a map")
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1, 1.0 == 1
         raise ProtocolError(
             f"protocol version {version!r} not supported (this peer speaks {PROTOCOL_VERSION})",
             code="version",
@@ -194,7 +198,9 @@ def decode(frames: Sequence[Any]) -> Message:
                 f"frame has {buf.nbytes}",
                 code="shape",
             )
-        arrays[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
+        arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+        arr.flags.writeable = False  # a view of the received frame: nobody writes into it
+        arrays[name] = arr
     return Message(kind=kind, body=body, arrays=arrays, topic=topic)
 
 
@@ -208,7 +214,7 @@ def _check_spec(spec: Any) -> tuple[str, np.dtype, list[int]]:
     if not (
         isinstance(shape, list)
         and len(shape) <= 32
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)
     ):
         raise ProtocolError(f"array {name!r}: shape {shape!r} is not a list of sizes", code="shape")
     return name, dt, shape

@@ -8,6 +8,7 @@ inside one, so a slow aggregation never holds a REQ waiting beyond its own cost.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import secrets
@@ -96,6 +97,7 @@ class Master:
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         self.errors_served = 0
+        self.summary: dict[str, Any] = {}
         self._first_join: float | None = None
         self._join_started = time.monotonic()
         self._report_deadline = 0.0
@@ -397,12 +399,8 @@ class Master:
             self._announce()
             time.sleep(C.ANNOUNCE_INTERVAL / 2)
 
-    summary: dict[str, Any] = {}
-
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()

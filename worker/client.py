@@ -137,8 +137,11 @@ class Worker:
                 return self._finish()
             elif msg.kind == M.ANNOUNCE:
                 phase, rnd = msg.body.get("phase"), int(msg.body.get("round", 0))
-                if phase in ("reporting", "done"):
+                if phase == "reporting":
                     return self._finish()
+                if phase == "done":  # the master stopped waiting for reports: nothing to send
+                    log.warning("%s: the job ended before this worker reported", self.worker_id)
+                    return {}
                 if phase == "training" and rnd > self.last_round:
                     # A round is open that never reached us on PUB: fetch it over REQ.
                     log.info("round %d announced but not received: fetching it", rnd)

@@ -22,8 +22,9 @@ def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float]) -> dict
     if not arrays:
         raise ValueError("nothing to aggregate")
     w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(arrays),) or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"weights must be {len(arrays)} non-negative numbers with a positive sum")
+    if w.shape != (len(arrays),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"weights must be {len(arrays)} finite non-negative numbers with a "
+                         "positive sum")
     w = w / w.sum()
     out: dict[str, np.ndarray] = {}
     for name in arrays[0]:

@@ -1,0 +1,203 @@
+"""Tests of master/strategies: weighted_average, MeanPooling, FedAvg and make_strategy,
+against sums worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from master.strategies import STRATEGIES, ClientResult, FedAvg, MeanPooling, make_strategy
+from master.strategies.aggregate import weighted_average
+from master.strategies.base import Strategy
+
+
+def results(arrays: list[dict[str, np.ndarray]], ns: list[int]) -> list[ClientResult]:
+    return [ClientResult(f"w{i + 1}", a, n) for i, (a, n) in enumerate(zip(arrays, ns,
+                                                                             strict=True))]
+
+
+THREE = [{"x": np.array([1.0, 2.0])}, {"x": np.array([3.0, 4.0])}, {"x": np.array([5.0, 6.0])}]
+CURRENT = {"x": np.array([100.0, 100.0])}
+
+
+# ---------------------------------------------------------------------------- weighted_average
+def test_weighted_average_by_hand():
+    out = weighted_average(THREE, [1, 1, 2])
+    # (1*1 + 1*3 + 2*5) / 4, (1*2 + 1*4 + 2*6) / 4
+    np.testing.assert_allclose(out["x"], [14 / 4, 18 / 4])
+    np.testing.assert_allclose(weighted_average(THREE, [1, 0, 0])["x"], [1.0, 2.0])
+    np.testing.assert_allclose(weighted_average(THREE, [0.5, 0.5, 0])["x"], [2.0, 3.0])
+    # Only the ratios matter.
+    np.testing.assert_allclose(weighted_average(THREE, [10, 10, 20])["x"], [3.5, 4.5])
+
+
+def test_weighted_average_does_not_modify_inputs():
+    inputs = [{"x": a["x"].copy()} for a in THREE]
+    weighted_average(inputs, [1, 2, 3])
+    for got, want in zip(inputs, THREE, strict=True):
+        np.testing.assert_array_equal(got["x"], want["x"])
+
+
+def test_weighted_average_accepts_read_only_inputs():
+    ro = []
+    for a in THREE:
+        x = a["x"].copy()
+        x.flags.writeable = False
+        ro.append({"x": x})
+    np.testing.assert_allclose(weighted_average(ro, [1, 1, 2])["x"], [3.5, 4.5])
+
+
+@pytest.mark.parametrize("weights", [[], [1, 1], [1, 1, 1, 1], [[1, 1, 1]]])
+def test_weighted_average_needs_one_weight_per_client(weights):
+    with pytest.raises(ValueError, match="weights"):
+        weighted_average(THREE, weights)
+
+
+@pytest.mark.parametrize("weights", [[-1, 1, 1], [1, -0.5, 2], [-1, -1, -1]])
+def test_weighted_average_refuses_negative_weights(weights):
+    with pytest.raises(ValueError, match="non-negative"):
+        weighted_average(THREE, weights)
+
+
+@pytest.mark.parametrize("weights", [[0, 0, 0], [0.0, 0.0, 0.0]])
+def test_weighted_average_refuses_zero_total_weight(weights):
+    with pytest.raises(ValueError, match="positive sum"):
+        weighted_average(THREE, weights)
+
+
+def test_weighted_average_refuses_nothing():
+    with pytest.raises(ValueError, match="nothing to aggregate"):
+        weighted_average([], [])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weighted_average_refuses_non_finite_weights(bad):
+    with pytest.raises(ValueError):
+        weighted_average(THREE, [bad, 1, 1])
+
+
+# ---------------------------------------------------------------------------- the strategies
+def test_mean_pooling_by_hand():
+    out = MeanPooling().aggregate(CURRENT, results(THREE, [1, 1, 2]))
+    np.testing.assert_allclose(out["x"], [3.0, 4.0])  # n_samples ignored
+    out = MeanPooling().aggregate(CURRENT, results(THREE, [1000, 1, 0]))
+    np.testing.assert_allclose(out["x"], [3.0, 4.0])
+
+
+def test_fedavg_by_hand():
+    out = FedAvg().aggregate(CURRENT, results(THREE, [1, 1, 2]))
+    np.testing.assert_allclose(out["x"], [(1 + 3 + 10) / 4, (2 + 4 + 12) / 4])
+    np.testing.assert_allclose(out["x"], [3.5, 4.5])
+    # A client with no samples does not count.
+    out = FedAvg().aggregate(CURRENT, results(THREE, [3, 0, 1]))
+    np.testing.assert_allclose(out["x"], [(3 * 1 + 5) / 4, (3 * 2 + 6) / 4])
+
+
+def two_layer(seed: float) -> dict[str, np.ndarray]:
+    return {"w": np.array([[1.0, 2.0], [3.0, 4.0]]) * seed, "b": np.array([1.0, -1.0]) * seed}
+
+
+def test_multi_array_models():
+    clients = [two_layer(1.0), two_layer(2.0), two_layer(4.0)]
+    mean = MeanPooling().aggregate({}, results(clients, [1, 1, 1]))
+    fed = FedAvg().aggregate({}, results(clients, [2, 1, 1]))
+    assert set(mean) == set(fed) == {"w", "b"}
+    # mean factor (1 + 2 + 4) / 3; FedAvg factor (2*1 + 1*2 + 1*4) / 4 = 2
+    np.testing.assert_allclose(mean["w"], np.array([[1, 2], [3, 4]]) * 7 / 3)
+    np.testing.assert_allclose(mean["b"], np.array([1, -1]) * 7 / 3)
+    np.testing.assert_allclose(fed["w"], [[2, 4], [6, 8]])
+    np.testing.assert_allclose(fed["b"], [2, -2])
+    assert fed["w"].shape == (2, 2) and fed["b"].shape == (2,)
+    assert list(fed) == ["w", "b"]  # names in the clients' order
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("strategy", [MeanPooling(), FedAvg()])
+def test_dtype_preserved(dtype, strategy):
+    clients = [{"w": np.full((2, 2), v, dtype=dtype), "b": np.full(3, -v, dtype=dtype)}
+               for v in (1.0, 2.0, 6.0)]
+    out = strategy.aggregate({}, results(clients, [1, 1, 1]))
+    for name in ("w", "b"):
+        assert out[name].dtype == dtype
+    np.testing.assert_allclose(out["w"], np.full((2, 2), 3.0))
+    np.testing.assert_allclose(out["b"], np.full(3, -3.0))
+
+
+def test_mixed_dtypes_each_keep_their_own():
+    clients = [{"a": np.array([1.0, 2.0], np.float32), "b": np.array([1.0], np.float64)},
+               {"a": np.array([3.0, 4.0], np.float32), "b": np.array([2.0], np.float64)}]
+    out = FedAvg().aggregate({}, results(clients, [1, 3]))
+    assert out["a"].dtype == np.float32 and out["b"].dtype == np.float64
+    np.testing.assert_allclose(out["a"], [2.5, 3.5])
+    np.testing.assert_allclose(out["b"], [1.75])
+
+
+def test_float32_accuracy_of_many_clients():
+    rng = np.random.default_rng(0)
+    clients = [{"w": rng.standard_normal(1000).astype(np.float32)} for _ in range(50)]
+    ns = [int(n) for n in rng.integers(1, 100, size=50)]
+    out = FedAvg().aggregate({}, results(clients, ns))
+    want = sum(n * c["w"].astype(np.float64) for c, n in zip(clients, ns, strict=True)) / sum(ns)
+    assert out["w"].dtype == np.float32
+    np.testing.assert_allclose(out["w"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", [MeanPooling(), FedAvg()])
+def test_single_client_returns_its_own_arrays(strategy):
+    rng = np.random.default_rng(3)
+    mine = {"w": rng.standard_normal((4, 3)).astype(np.float32),
+            "b": rng.standard_normal(3)}
+    out = strategy.aggregate({"w": np.zeros((4, 3), np.float32), "b": np.zeros(3)},
+                             [ClientResult("w1", mine, 17)])
+    assert set(out) == {"w", "b"}
+    for name in mine:
+        assert out[name].dtype == mine[name].dtype
+        np.testing.assert_array_equal(out[name], mine[name])
+
+
+@pytest.mark.parametrize("strategy", [MeanPooling(), FedAvg()])
+def test_no_results_is_an_error(strategy):
+    with pytest.raises(ValueError, match="nothing to aggregate"):
+        strategy.aggregate(CURRENT, [])
+
+
+def test_fedavg_zero_total_samples_is_an_error():
+    with pytest.raises(ValueError, match="positive sum"):
+        FedAvg().aggregate(CURRENT, results(THREE, [0, 0, 0]))
+
+
+def test_fedavg_negative_samples_is_an_error():
+    with pytest.raises(ValueError, match="non-negative"):
+        FedAvg().aggregate(CURRENT, results(THREE, [5, -1, 5]))
+
+
+def test_strategies_have_no_server_state():
+    for strategy in (MeanPooling(), FedAvg()):
+        assert strategy.state() == {}
+        strategy.load_state({})
+
+
+# ---------------------------------------------------------------------------- registry
+def test_make_strategy_by_name():
+    assert isinstance(make_strategy("mean"), MeanPooling)
+    assert isinstance(make_strategy("fedavg"), FedAvg)
+    assert set(STRATEGIES) == {"mean", "fedavg"}
+    for name, cls in STRATEGIES.items():
+        s = make_strategy(name)
+        assert isinstance(s, Strategy) and type(s) is cls and s.name == name
+
+
+@pytest.mark.parametrize("name", ["fedprox", "FedAvg", "", "mean "])
+def test_make_strategy_unknown_name_lists_known_ones(name):
+    with pytest.raises(ValueError) as info:
+        make_strategy(name)
+    msg = str(info.value)
+    assert repr(name) in msg
+    assert "known: fedavg, mean" in msg
+    assert "\n" not in msg
+
+
+def test_make_strategy_refuses_unknown_parameters():
+    with pytest.raises(TypeError):
+        make_strategy("fedavg", server_lr=0.1)
