@@ -89,6 +89,7 @@ class ClusterConfig:
     model: dict[str, Any] = field(default_factory=lambda: {"family": "mlp"})
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
     rounds: int = 20
+    client_fraction: float = 1.0
     min_workers: int = 1
     round_deadline: float = C.ROUND_DEADLINE
     join_timeout: float = C.JOIN_TIMEOUT
@@ -168,8 +169,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     if raw is None:
         raw = {}
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
-    top = {"master", "workers", "model", "strategy", "rounds", "min_workers", "round_deadline",
-           "join_timeout", "data", "output_dir", "baselines", "seed"}
+    top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
+           "round_deadline", "join_timeout", "data", "output_dir", "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
@@ -223,6 +224,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
 
     for key, check, what in (
         ("rounds", lambda v: _int(v) and v >= 1, "an integer >= 1"),
+        ("client_fraction", lambda v: _num(v) and 0 < v <= 1, "a fraction in (0, 1]"),
         ("min_workers", lambda v: _int(v) and v >= 1, "an integer >= 1"),
         ("round_deadline", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("join_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),

@@ -56,6 +56,7 @@ ERROR_CODES = (
     "not_finite",  # NaN or Inf in an update
     "unknown_worker",  # not registered, or not in the cluster's worker list
     "stale_round",  # an update for a round that is not open
+    "not_selected",  # an update from a worker not sampled for this round
     "not_ready",  # asked for the model before there is one
     "rejected",  # refused by the model family (its own reason follows)
 )

@@ -56,6 +56,7 @@ class RoundState:
     number: int
     started: float
     deadline: float
+    participants: list[str] = field(default_factory=list)
     results: dict[str, ClientResult] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     bytes_in: int = 0
@@ -88,6 +89,7 @@ class Master:
         self.ctx = ctx or zmq.Context.instance()
         self.family: ServerFamily = make_server_family(cfg)
         self.run_id = secrets.token_hex(4)
+        self.rng = np.random.default_rng(cfg.seed)  # client sampling
         self.phase = JOINING
         self.round = 0
         self.version = 0
@@ -229,7 +231,8 @@ class Master:
     def _payload_body(self, payload: Payload) -> dict[str, Any]:
         deadline = self.open.deadline - time.monotonic() if self.open else 0.0
         return {"run_id": self.run_id, "phase": self.phase, "round": self.round,
-                "version": self.version, "meta": payload.meta, "deadline_s": deadline}
+                "version": self.version, "meta": payload.meta, "deadline_s": deadline,
+                "participants": self.open.participants if self.open else []}
 
     def _on_update(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
@@ -242,6 +245,9 @@ class Master:
         if b["version"] != self.version:
             raise ProtocolError(f"update built on model version {b['version']}, the round "
                                 f"sent version {self.version}", code="stale_round")
+        if ws.worker_id not in rnd.participants:
+            raise ProtocolError(f"{ws.worker_id} was not sampled for round {rnd.number}",
+                                code="not_selected")
         if ws.worker_id in rnd.results:  # a Lazy Pirate resend: acknowledged, not recounted
             send(self.rep, M.ACK, {"round": rnd.number, "duplicate": True})
             return
@@ -296,14 +302,22 @@ class Master:
         self.phase = TRAINING
         self.round = 1
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
-        self._start_round(now)
+        self._start_round(time.monotonic())  # setup() may have taken a while
+
+    def _sample(self) -> list[str]:
+        """This round's participants: a fraction C of the registered workers, at least one."""
+        everyone = sorted(self.workers)
+        k = max(1, round(self.cfg.client_fraction * len(everyone)))
+        if k >= len(everyone):
+            return everyone
+        return sorted(self.rng.choice(everyone, size=k, replace=False).tolist())
 
     def _start_round(self, now: float) -> None:
-        rnd = RoundState(self.round, now, now + self.cfg.round_deadline)
+        rnd = RoundState(self.round, now, now + self.cfg.round_deadline, self._sample())
         self.open = rnd
         t0 = time.perf_counter()
         if self.family.per_worker:
-            for wid in self.workers:
+            for wid in rnd.participants:
                 p = self.family.payload_for(wid)
                 rnd.broadcast_bytes += send(self.pub, M.DIRECT, self._payload_body(p), p.arrays,
                                             topic=M.direct_topic(wid))
@@ -317,8 +331,8 @@ class Master:
     def _maybe_close_round(self, now: float) -> None:
         rnd = self.open
         assert rnd is not None
-        everyone = set(self.workers) <= set(rnd.results)
-        enough = len(rnd.results) >= self.cfg.min_workers
+        everyone = set(rnd.participants) <= set(rnd.results)
+        enough = len(rnd.results) >= min(self.cfg.min_workers, len(rnd.participants))
         if not (everyone or (now >= rnd.deadline and enough)):
             if now >= rnd.deadline and now - rnd.last_wait_log >= 10.0:
                 rnd.last_wait_log = now
@@ -326,7 +340,7 @@ class Master:
                             "waiting for more", rnd.number, len(rnd.results),
                             self.cfg.min_workers)
             return
-        missing = sorted(set(self.workers) - set(rnd.results))
+        missing = sorted(set(rnd.participants) - set(rnd.results))
         if missing:
             log.warning("round %d: closing at its deadline without %s", rnd.number,
                         ", ".join(missing))

@@ -182,7 +182,7 @@ def test_strategies_have_no_server_state():
 def test_make_strategy_by_name():
     assert isinstance(make_strategy("mean"), MeanPooling)
     assert isinstance(make_strategy("fedavg"), FedAvg)
-    assert set(STRATEGIES) == {"mean", "fedavg"}
+    assert set(STRATEGIES) == {"mean", "fedavg", "fedadagrad", "fedyogi", "fedadam"}
     for name, cls in STRATEGIES.items():
         s = make_strategy(name)
         assert isinstance(s, Strategy) and type(s) is cls and s.name == name
@@ -194,10 +194,74 @@ def test_make_strategy_unknown_name_lists_known_ones(name):
         make_strategy(name)
     msg = str(info.value)
     assert repr(name) in msg
-    assert "known: fedavg, mean" in msg
+    assert "known: fedadagrad, fedadam, fedavg, fedyogi, mean" in msg
     assert "\n" not in msg
 
 
 def test_make_strategy_refuses_unknown_parameters():
     with pytest.raises(TypeError):
         make_strategy("fedavg", server_lr=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# FedOpt: one step against a hand computation (Reddi et al. 2021, Algorithm 2)
+# --------------------------------------------------------------------------------------------
+
+
+def _one_step(strategy, current, clients, weights):
+    results = [ClientResult(f"c{i}", {"x": np.array(c)}, n)
+               for i, (c, n) in enumerate(zip(clients, weights, strict=True))]
+    return strategy.aggregate({"x": np.array(current)}, results)["x"]
+
+
+def test_fedadam_one_and_two_steps_by_hand():
+    from master.strategies import FedAdam
+
+    s = FedAdam(eta=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3)
+    x = np.array([1.0, -2.0])
+    # Clients [2, 0] (n=1) and [4, -4] (n=3): weighted mean [3.5, -3], delta [2.5, -1].
+    got = _one_step(s, x, [[2.0, 0.0], [4.0, -4.0]], [1, 3])
+    m = 0.1 * np.array([2.5, -1.0])
+    v = 0.01 * np.array([2.5, -1.0]) ** 2
+    np.testing.assert_allclose(got, x + 0.1 * m / (np.sqrt(v) + 1e-3))
+    # Second step from the new point with the moments carried over.
+    got2 = _one_step(s, got, [[got[0] + 1, got[1]]], [1])
+    delta = np.array([1.0, 0.0])
+    m2 = 0.9 * m + 0.1 * delta
+    v2 = 0.99 * v + 0.01 * delta**2
+    np.testing.assert_allclose(got2, got + 0.1 * m2 / (np.sqrt(v2) + 1e-3))
+
+
+def test_fedyogi_one_step_by_hand():
+    from master.strategies import FedYogi
+
+    s = FedYogi(eta=0.01, beta_1=0.9, beta_2=0.99, tau=1e-3)
+    got = _one_step(s, [0.0], [[2.0]], [5])
+    # v0 = 0: v = 0 - 0.01 * 4 * sign(0 - 4) = 0.04
+    np.testing.assert_allclose(got, [0.01 * 0.2 / (np.sqrt(0.04) + 1e-3)])
+    assert set(s.state()) == {"m/x", "v/x"}
+
+
+def test_fedadagrad_one_step_by_hand_and_state_roundtrip():
+    from master.strategies import FedAdagrad
+
+    s = FedAdagrad(eta=0.1, tau=1e-9)
+    got = _one_step(s, [1.0, 1.0], [[3.0, 0.0]], [1])
+    delta = np.array([2.0, -1.0])
+    np.testing.assert_allclose(got, 1.0 + 0.1 * delta / (np.abs(delta) + 1e-9))
+    again = FedAdagrad(eta=0.1, tau=1e-9)
+    again.load_state(s.state())
+    np.testing.assert_array_equal(again.v_["x"], s.v_["x"])
+
+
+def test_fedopt_keeps_dtype_and_refuses_bad_parameters():
+    from master.strategies import FedAdam
+
+    got = _one_step(FedAdam(), np.zeros(3, dtype=np.float32),
+                    [np.ones(3, dtype=np.float32)], [1])
+    assert got.dtype == np.float32
+    with pytest.raises(ValueError, match="eta"):
+        FedAdam(eta=0)
+    with pytest.raises(ValueError, match="beta_1"):
+        FedAdam(beta_1=1.0)
+    assert make_strategy("fedyogi", eta=0.5).eta == 0.5

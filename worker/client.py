@@ -150,6 +150,11 @@ class Worker:
     def _train(self, msg: Message) -> None:
         body = msg.body
         rnd = int(body["round"])
+        participants = body.get("participants") or []
+        if participants and self.worker_id not in participants:
+            log.debug("round %d: not sampled", rnd)
+            self.last_round = rnd
+            return
         if not self.ready:
             self.family.setup(body["meta"])
             self.ready = True

@@ -5,17 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from master.strategies.base import ClientResult, Strategy
+from master.strategies.fedadagrad import FedAdagrad
+from master.strategies.fedadam import FedAdam
 from master.strategies.fedavg import FedAvg
+from master.strategies.fedopt import FedOpt
+from master.strategies.fedyogi import FedYogi
 from master.strategies.mean_pooling import MeanPooling
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    MeanPooling.name: MeanPooling,
-    FedAvg.name: FedAvg,
+    cls.name: cls for cls in (MeanPooling, FedAvg, FedAdagrad, FedYogi, FedAdam)
 }
 
 
 def make_strategy(name: str, **params: Any) -> Strategy:
-    """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``)."""
+    """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``, ``fedadagrad``,
+    ``fedyogi``, ``fedadam``) with its keyword parameters."""
     try:
         cls = STRATEGIES[name]
     except KeyError:
@@ -25,4 +29,5 @@ def make_strategy(name: str, **params: Any) -> Strategy:
     return cls(**params)
 
 
-__all__ = ["ClientResult", "Strategy", "STRATEGIES", "make_strategy", "FedAvg", "MeanPooling"]
+__all__ = ["ClientResult", "Strategy", "STRATEGIES", "make_strategy", "FedAvg", "MeanPooling",
+           "FedOpt", "FedAdagrad", "FedYogi", "FedAdam"]

@@ -1,0 +1,114 @@
+"""Per-worker payloads (iFTM-style) over real sockets: each worker gets a model of its own.
+
+A toy family is registered on both sides for the duration of the test; the master and three
+workers run as threads of this process, talking ZeroMQ over TCP loopback exactly as separate
+processes would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.config import parse_config
+from master.families import SERVER_FAMILIES, Payload, ServerFamily
+from master.server import Master
+from master.strategies import ClientResult
+from tests.conftest import DATA, free_ports
+from worker.client import Worker
+from worker.families import CLIENT_FAMILIES, ClientFamily, FitResult
+
+WORKERS = ["w1", "w2", "w3"]
+
+
+class EchoServer(ServerFamily):
+    """Keeps one vector per worker; worker i's starts at i and grows by 1 per round."""
+
+    name = "echo"
+    per_worker = True
+
+    def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
+        self.models = {wid: np.full(4, float(WORKERS.index(wid)), dtype=np.float32)
+                       for wid in registrations}
+        self.seen: list[tuple[int, str, float]] = []
+        self.global_ = Payload({"kind": "echo"}, {"x": np.zeros(4, dtype=np.float32)})
+        return self.global_
+
+    def payload_for(self, worker_id: str) -> Payload:
+        if worker_id in getattr(self, "models", {}):
+            return Payload({"for": worker_id}, {"x": self.models[worker_id]})
+        return self.global_
+
+    def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
+        for r in results:
+            self.seen.append((round_, r.worker_id, float(r.arrays["x"][0])))
+            self.models[r.worker_id] = np.array(r.arrays["x"], dtype=np.float32)
+        return self.global_
+
+
+class EchoClient(ClientFamily):
+    name = "echo"
+
+    def registration_info(self) -> dict[str, Any]:
+        return {}
+
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        assert meta.get("for") in WORKERS  # a direct payload, not the global one
+        return FitResult({"x": np.asarray(arrays["x"]) + 1}, 1, {"train_time": 0.0})
+
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        return {"x0": float(arrays["x"][0])}
+
+
+@pytest.fixture
+def echo_family():
+    SERVER_FAMILIES["echo"], CLIENT_FAMILIES["echo"] = EchoServer, EchoClient
+    yield
+    del SERVER_FAMILIES["echo"], CLIENT_FAMILIES["echo"]
+
+
+def test_each_worker_gets_its_own_payload(echo_family, tmp_path) -> None:
+    pub, rep = free_ports(2)
+    cfg = parse_config({
+        "master": {"host": "127.0.0.1", "bind": "127.0.0.1", "pub_port": pub, "rep_port": rep},
+        "workers": WORKERS, "model": {"family": "echo"}, "rounds": 3, "min_workers": 3,
+        "round_deadline": 30, "join_timeout": 30, "baselines": False,
+        "data": {"path": str(DATA), "limit": 60, "partition": "iid"},
+        "output_dir": str(tmp_path / "out"),
+    })
+    master = Master(cfg)
+    master.bind()
+    reports: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def work(wid: str) -> None:
+        try:
+            reports[wid] = Worker(cfg, wid).run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in WORKERS]
+    for t in threads:
+        t.start()
+    try:
+        master.serve()
+    finally:
+        master.close()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    family = master.family
+    # Round r: worker i received i + (r - 1) on its own topic and sent back one more.
+    for rnd, wid, value in family.seen:
+        assert value == WORKERS.index(wid) + rnd
+    assert sorted((r, w) for r, w, _ in family.seen) == [(r, w) for r in (1, 2, 3)
+                                                         for w in WORKERS]
+    # The final fetch also gives each worker its own model.
+    for wid in WORKERS:
+        assert reports[wid]["federated"]["x0"] == WORKERS.index(wid) + 3
