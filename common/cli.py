@@ -128,13 +128,15 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
     """Run a whole cluster on this machine: a master and N workers as separate processes
     over TCP loopback, with a live progress display; prints the comparison table."""
     _setup_logging(log_level)
+    from common.local_cluster import run_local_cluster
+    from master.families import make_server_family
+
     try:
         cfg = _load(config, workers, rounds, output)
-    except ConfigError as exc:
+        make_server_family(cfg)  # the model and strategy sections, checked before any process
+        code = run_local_cluster(cfg, progress=progress, log_level=log_level)
+    except (ConfigError, ValueError, OSError) as exc:
         _fail(exc)
-    from common.local_cluster import run_local_cluster
-
-    code = run_local_cluster(cfg, progress=progress, log_level=log_level)
     if code:
         sys.exit(code)
 

@@ -73,6 +73,46 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Names the master's metrics log uses itself: a worker's metric may not take them.
+RESERVED_METRICS = frozenset({"event", "round", "worker", "n_samples", "bytes_out", "time"})
+MAX_METRICS = 64
+
+
+def check_metrics(metrics: Any, where: str) -> dict[str, float]:
+    """Check a map of metric name -> finite number (an update's or a report's scores).
+
+    Raises
+    ------
+    ProtocolError
+        ``bad_field`` naming the first offending entry.
+    """
+    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
+        raise ProtocolError(f"{where}: expected a map of at most {MAX_METRICS} numbers",
+                            code="bad_field")
+    for k, v in metrics.items():
+        if not isinstance(k, str) or not 0 < len(k) <= 64 or not k.isprintable():
+            raise ProtocolError(f"{where}: metric names must be 1-64 printable characters",
+                                code="bad_field")
+        if k in RESERVED_METRICS:
+            raise ProtocolError(f"{where}: metric name {k!r} is reserved", code="bad_field")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
+                float("inf"), float("-inf")):
+            raise ProtocolError(f"{where}: metric {k!r} must be a finite number",
+                                code="bad_field")
+    return metrics
+
+
+def check_report(report: dict[str, Any]) -> None:
+    """Check a final report: scores maps (or null) and sizes."""
+    for key in ("federated", "local_only"):
+        if report.get(key) is not None:
+            check_metrics(report[key], f"report.{key}")
+    for key in ("n_train", "n_test", "version"):
+        v = report.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ProtocolError(f"report.{key}: expected a count", code="bad_field")
+
+
 def check_request(kind: str, body: dict[str, Any]) -> None:
     """Check a request's kind and required fields.
 

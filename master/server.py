@@ -203,6 +203,7 @@ class Master:
                                 code="unknown_worker")
         if b["n_samples"] < 0:
             raise ProtocolError("register: n_samples must be >= 0", code="bad_field")
+        self.family.check_info(b["info"])
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
         now = time.monotonic()
@@ -253,6 +254,7 @@ class Master:
             return
         if b["n_samples"] < 1:
             raise ProtocolError("update: n_samples must be >= 1", code="bad_field")
+        M.check_metrics(b["metrics"], "update.metrics")
         self.family.check_update(msg.arrays)
         rnd.results[ws.worker_id] = ClientResult(ws.worker_id, msg.arrays, b["n_samples"])
         rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
@@ -261,6 +263,7 @@ class Master:
 
     def _on_report(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
+        M.check_report(msg.body["report"])
         ws.report = dict(msg.body["report"])
         log.info("final report from %s", ws.worker_id)
         send(self.rep, M.ACK, {"round": self.round, "duplicate": False})
@@ -297,7 +300,8 @@ class Master:
         regs = {w.worker_id: w.info for w in self.workers.values()}
         try:
             self.family.setup(regs)
-        except ProtocolError as exc:
+        except Exception as exc:  # check_info admitted them, so this is a family bug
+            log.exception("pre-training exchange failed")
             raise RuntimeError(f"pre-training exchange failed: {exc}") from None
         self.phase = TRAINING
         self.round = 1

@@ -120,10 +120,13 @@ class Worker:
             self.last_round = int(reply.body.get("round", 1)) - 1
 
     def _loop(self) -> dict[str, Any]:
-        silent_since = time.monotonic()
+        silent_since = last_poll = time.monotonic()
         while True:
             msg = self._recv_sub(200)
             now = time.monotonic()
+            if now - last_poll > 5.0:  # this process was paused (or busy): not the master's fault
+                silent_since = now
+            last_poll = now
             if msg is None:
                 if now - silent_since > self.cfg.join_timeout:
                     raise TimeoutError(f"the master has been silent for "

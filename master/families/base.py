@@ -51,6 +51,10 @@ class ServerFamily(ABC):
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         """Pre-training exchange: from each worker's registration ``info``, the first payload."""
 
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        """Check a registration's ``info`` before it is accepted; raise ProtocolError
+        (``bad_field``) for one :meth:`setup` could not use."""
+
     def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:
         """Check a worker that registers after :meth:`setup`; raise ProtocolError to refuse."""
 

@@ -31,6 +31,17 @@ class MLPServer(ServerFamily):
         super().__init__(cfg, strategy)
         self.params = build_params(MLPParams, cfg.family_params, f"{cfg.source}: model")
 
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        dim, classes = info.get("input_dim"), info.get("classes")
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 1 << 20:
+            raise ProtocolError("register.info.input_dim: expected a feature count",
+                                code="bad_field")
+        if (not isinstance(classes, list) or not 0 < len(classes) <= 10_000
+                or not all(isinstance(c, str) for c in classes)
+                or len(set(classes)) != len(classes)):
+            raise ProtocolError("register.info.classes: expected a list of distinct names",
+                                code="bad_field")
+
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         dims = {int(info.get("input_dim", -1)) for info in registrations.values()}
         if len(dims) != 1 or min(dims) < 1:

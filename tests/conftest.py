@@ -1,0 +1,287 @@
+"""Fixtures for the multi-process tests: free ports, cluster configs, real `fedctl` processes.
+
+Everything here is real: `fedctl master` / `fedctl worker` / `fedctl run` run as separate Python
+processes (``python -m common.cli``) talking ZeroMQ over TCP loopback, on the bundled
+dbpedia_10k file and the real sentence-transformer model. Embedding costs ~17 ms per text on a
+CPU, so configs keep ``data.limit`` at 600 and share one session-wide embedding cache, filled
+once by the ``embed_cache`` fixture, so that no process ever embeds again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
+LIMIT = 600
+CLASSES = ["rest", "MeanOfTransportation"]  # one_vs_rest with the config's default positive
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bound to port 0, read back, released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (all held open until every one is chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def child_env(cache_dir: Path | str | None = None) -> dict[str, str]:
+    """Environment of every child process: unbuffered, offline, quiet tokenizers."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if cache_dir is not None:
+        env["FEDCTL_CACHE_DIR"] = str(cache_dir)
+    return env
+
+
+def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def config_dict(out_dir: Path, cache_dir: Path | str, workers: int | list[str] = 3,
+                rounds: int = 3, **overrides: Any) -> dict[str, Any]:
+    """A cluster.yaml as a dict: the bundled data (limit 600), free ports, small timeouts."""
+    names = [f"w{i + 1}" for i in range(workers)] if isinstance(workers, int) else list(workers)
+    pub, rep = free_ports(2)
+    raw: dict[str, Any] = {
+        "master": {"host": "127.0.0.1", "bind": "127.0.0.1", "pub_port": pub, "rep_port": rep},
+        "workers": names,
+        "model": {"family": "mlp"},
+        "rounds": rounds,
+        "min_workers": len(names),
+        "round_deadline": 60,
+        "join_timeout": 60,
+        "data": {"path": str(DATA), "limit": LIMIT, "cache_dir": str(cache_dir)},
+        "output_dir": str(out_dir),
+        "baselines": False,
+        "seed": 0,
+    }
+    return _deep_update(raw, overrides)
+
+
+@pytest.fixture(scope="session")
+def embed_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A session-wide embedding cache holding the 600 documents every config uses."""
+    from common.config import parse_config
+    from common.shards import local_data, sentence_features
+
+    cache = tmp_path_factory.mktemp("embed_cache")
+    cfg = parse_config(config_dict(cache / "unused-out", cache), source="<embed_cache>")
+    X = sentence_features(cfg, local_data(cfg, "w1").dataset)
+    assert X.shape == (LIMIT, 384)
+    assert len(list(cache.glob("*.npy"))) == 1
+    return cache
+
+
+MakeConfig = Callable[..., Path]
+
+
+@pytest.fixture
+def make_config(embed_cache: Path) -> MakeConfig:
+    """Factory: ``make_config(tmp_path, workers=3, rounds=3, **overrides) -> Path``.
+
+    Writes ``<tmp_path>/cluster.yaml`` (or ``name=...``) with free ports, the bundled data file
+    (absolute path, limit 600), the session embedding cache, ``min_workers`` = every worker,
+    60 s round deadline and join timeout, ``output_dir`` = ``<tmp_path>/out``, and baselines
+    off. ``overrides`` replace top-level fields; mappings (``master``, ``data``, ``model``)
+    are merged key by key.
+    """
+
+    def make(tmp_path: Path, workers: int | list[str] = 3, rounds: int = 3,
+             name: str = "cluster.yaml", **overrides: Any) -> Path:
+        raw = config_dict(tmp_path / "out", embed_cache, workers, rounds, **overrides)
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return path
+
+    return make
+
+
+def fedctl_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "common.cli", *args]
+
+
+def run_fedctl(*args: str, timeout: float = 60, cache_dir: Path | None = None
+               ) -> subprocess.CompletedProcess:
+    """Run ``fedctl ARGS`` to completion (bounded by ``timeout``) and capture its output."""
+    return subprocess.run(fedctl_cmd(*args), cwd=ROOT, env=child_env(cache_dir),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc; empty where /proc is unavailable)."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            out.append(int(entry.parent.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started (directly or not) by ``pid``, deepest first."""
+    found: list[int] = []
+    for child in _children(pid):
+        found += descendants(child)
+        found.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop ``proc`` and every process it started (fedctl run's children have their own
+    sessions, so killing the parent alone would orphan them)."""
+    if proc.poll() is not None:
+        return
+    kids = descendants(proc.pid)
+    for pid in [*kids, proc.pid]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Procs:
+    """Starts `fedctl` processes with their output in log files; kills what is left at the end.
+
+    Attributes
+    ----------
+    logs : Path
+        Folder of the ``<name>.log`` files.
+    procs : dict of str to subprocess.Popen
+    """
+
+    def __init__(self, logs: Path, cache_dir: Path) -> None:
+        self.logs = logs
+        self.cache_dir = cache_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._files: list[Any] = []
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        fh = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all()
+        self._files.append(fh)
+        proc = subprocess.Popen(fedctl_cmd(*args), cwd=ROOT, env=child_env(self.cache_dir),
+                                stdout=fh, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def master(self, config: Path, *extra: str, name: str = "master") -> subprocess.Popen:
+        return self.start(name, "master", "--config", str(config), *extra)
+
+    def worker(self, config: Path, worker_id: str, *extra: str) -> subprocess.Popen:
+        return self.start(worker_id, "worker", "--config", str(config), "--id", worker_id,
+                          "--threads", "1", *extra)
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs_tail(self, n: int = 15) -> str:
+        parts = []
+        for name in self.procs:
+            lines = self.log(name).splitlines()[-n:]
+            parts.append(f"--- {name} (rc {self.procs[name].poll()}) ---\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def check_alive_or_ok(self) -> None:
+        """Fail at once (with the logs) if any process has exited with an error."""
+        bad = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
+        if bad:
+            pytest.fail(f"process(es) failed: {bad}\n{self.logs_tail()}")
+
+    def wait_all(self, timeout: float) -> dict[str, int]:
+        """Wait (at most ``timeout`` seconds in all) for every process; their exit codes."""
+        deadline = time.monotonic() + timeout
+        for name, p in self.procs.items():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} still running after {timeout:g}s\n{self.logs_tail()}")
+        return {n: p.returncode for n, p in self.procs.items()}
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            kill_tree(p)
+        for fh in self._files:
+            fh.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path, embed_cache: Path) -> Iterator[Procs]:
+    """A :class:`Procs` whose processes are all killed when the test ends."""
+    p = Procs(tmp_path / "logs", embed_cache)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             check: Callable[[], None] | None = None, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), at most ``timeout`` s.
+
+    ``check`` runs each turn too and may fail the test early (e.g. a process died).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if check is not None:
+            check()
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def events(out_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The events of ``<out_dir>/metrics.jsonl`` (of one kind if given); [] if none yet."""
+    from common.metrics import read_metrics
+
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    evs = read_metrics(path)
+    return [e for e in evs if kind is None or e["event"] == kind]
