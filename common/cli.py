@@ -141,5 +141,13 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
         sys.exit(code)
 
 
+def _register_subcommands() -> None:
+    from common.data_cli import data
+
+    main.add_command(data)
+
+
+_register_subcommands()
+
 if __name__ == "__main__":
     main()
