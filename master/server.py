@@ -219,7 +219,7 @@ class Master:
         body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
                 "version": self.version, "rounds": self.cfg.rounds}
         if self.phase != JOINING:
-            body["meta"] = self.family.payload_for(wid).meta
+            body["setup"] = self.family.setup_info_
         send(self.rep, M.WELCOME, body)
 
     def _on_fetch(self, msg: Message, nbytes: int) -> None:
@@ -227,13 +227,16 @@ class Master:
         if self.phase == JOINING:
             raise ProtocolError("no model yet: the cluster is still joining", code="not_ready")
         payload = self.family.payload_for(ws.worker_id)
-        send(self.rep, M.MODEL, self._payload_body(payload), payload.arrays)
+        send(self.rep, M.MODEL, self._payload_body(payload, with_setup=True), payload.arrays)
 
-    def _payload_body(self, payload: Payload) -> dict[str, Any]:
+    def _payload_body(self, payload: Payload, with_setup: bool) -> dict[str, Any]:
         deadline = self.open.deadline - time.monotonic() if self.open else 0.0
-        return {"run_id": self.run_id, "phase": self.phase, "round": self.round,
+        body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
                 "version": self.version, "meta": payload.meta, "deadline_s": deadline,
                 "participants": self.open.participants if self.open else []}
+        if with_setup:
+            body["setup"] = self.family.setup_info_
+        return body
 
     def _on_update(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
@@ -319,15 +322,16 @@ class Master:
     def _start_round(self, now: float) -> None:
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline, self._sample())
         self.open = rnd
+        first = rnd.number == 1  # the setup information rides along once
         t0 = time.perf_counter()
         if self.family.per_worker:
             for wid in rnd.participants:
                 p = self.family.payload_for(wid)
-                rnd.broadcast_bytes += send(self.pub, M.DIRECT, self._payload_body(p), p.arrays,
-                                            topic=M.direct_topic(wid))
+                rnd.broadcast_bytes += send(self.pub, M.DIRECT, self._payload_body(p, first),
+                                            p.arrays, topic=M.direct_topic(wid))
         else:
             p = self.family.payload_for("")
-            rnd.broadcast_bytes = send(self.pub, M.ROUND, self._payload_body(p), p.arrays,
+            rnd.broadcast_bytes = send(self.pub, M.ROUND, self._payload_body(p, first), p.arrays,
                                        topic=M.TOPIC_ROUND)
         rnd.publish_time = time.perf_counter() - t0
         self._announce()  # tell late or lossy subscribers at once that a round is open
@@ -354,7 +358,7 @@ class Master:
         self.version += 1
         self._log_round(rnd, aggregate_time, missing)
         self.open = None
-        if rnd.number >= self.cfg.rounds:
+        if rnd.number >= self.cfg.rounds or self.family.finished():
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT
             send(self.pub, M.SHUTDOWN, {"run_id": self.run_id, "version": self.version},
@@ -392,7 +396,8 @@ class Master:
         buf = _npz_bytes(final.arrays)
         atomic_write_bytes(self.out / "model.npz", buf)
         atomic_write_bytes(self.out / "model.json", json.dumps(
-            {"family": self.cfg.family, "meta": final.meta, "rounds": self.round,
+            {"family": self.cfg.family, "setup": self.family.setup_info_, "meta": final.meta,
+             "rounds": self.round,
              "version": self.version, "run_id": self.run_id}, indent=2).encode())
         sim = None
         if self.cfg.baselines:

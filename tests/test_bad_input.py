@@ -256,7 +256,7 @@ def _drive_into_training(master: RawMaster) -> Training:
         sub.close()
     assert broadcast.topic == b"round"
     assert broadcast.body["round"] == 1 and broadcast.body["version"] == 0
-    assert broadcast.body["meta"] == {"classes": CLASSES, "input_dim": 384}
+    assert broadcast.body["setup"] == {"classes": CLASSES, "input_dim": 384}
     fetched = master.send("fetch", {"worker_id": "w1"})
     assert fetched.kind == "model" and fetched.body["round"] == 1, fetched
     assert fetched.arrays.keys() == broadcast.arrays.keys()

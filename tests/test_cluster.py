@@ -119,7 +119,7 @@ def test_fedctl_run_whole_job(tmp_path: Path, make_config: MakeConfig, embed_cac
     assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in arrays.values())
     model = json.loads((out / "model.json").read_text())
     assert model["family"] == "mlp" and model["version"] == rounds
-    assert model["meta"] == {"classes": CLASSES, "input_dim": 384}
+    assert model["setup"] == {"classes": CLASSES, "input_dim": 384}
 
     rows = _comparison_rows(out / "comparison.json")
     assert [r["worker"] for r in rows] == ["w1", "w2", "w3"]

@@ -112,12 +112,15 @@ class Worker:
         log.info("%s registered with master %s (%d training, %d test documents, %s)",
                  self.worker_id, self.run_id, self.data.n_train, len(self.data.test_index),
                  self.device)
-        if "meta" in reply.body:  # joined after the pre-training exchange
-            self.family.setup(reply.body["meta"])
-            self.ready = True
+        if "setup" in reply.body:  # joined after the pre-training exchange
+            self._setup(reply.body["setup"])
         # A worker that joins mid-job starts with the round that is open now.
         if reply.body.get("phase") == "training":
             self.last_round = int(reply.body.get("round", 1)) - 1
+
+    def _setup(self, setup: dict[str, Any]) -> None:
+        self.family.setup(setup)
+        self.ready = True
 
     def _loop(self) -> dict[str, Any]:
         silent_since = last_poll = time.monotonic()
@@ -158,9 +161,9 @@ class Worker:
             log.debug("round %d: not sampled", rnd)
             self.last_round = rnd
             return
-        if not self.ready:
-            self.family.setup(body["meta"])
-            self.ready = True
+        if not self.ready:  # round 1 carries the setup; a worker that missed it fetches it
+            self._setup(body["setup"] if "setup" in body else
+                        self._request(M.FETCH, {}).body["setup"])
         received = time.monotonic()
         wait_time = received - self._last_upload
         bytes_in = self._sub_bytes
@@ -189,8 +192,7 @@ class Worker:
     def _finish(self) -> dict[str, Any]:
         final = self._request(M.FETCH, {})
         if not self.ready:
-            self.family.setup(final.body["meta"])
-            self.ready = True
+            self._setup(final.body["setup"])
         federated = self.family.evaluate(final.body["meta"], final.arrays)
         local_only = self.family.local_baseline() if self.cfg.baselines else None
         report = {"federated": federated, "local_only": local_only,

@@ -46,10 +46,17 @@ class ServerFamily(ABC):
         self.cfg = cfg
         self.strategy = strategy
         self.global_: Payload = Payload()
+        self.setup_info_: dict[str, Any] = {}
 
     @abstractmethod
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
-        """Pre-training exchange: from each worker's registration ``info``, the first payload."""
+        """Pre-training exchange: from each worker's registration ``info``, the first payload.
+
+        Sets ``setup_info_``: what every worker needs once before training (a class list, a
+        vocabulary). The master delivers it with round 1, in every ``fetch`` reply and in a
+        late joiner's ``welcome``, so rounds themselves stay small. Returns ``global_``, whose
+        ``meta`` travels with every round.
+        """
 
     def check_info(self, info: Mapping[str, Any]) -> None:
         """Check a registration's ``info`` before it is accepted; raise ProtocolError
@@ -63,6 +70,11 @@ class ServerFamily(ABC):
         arrays = self.strategy.aggregate(self.global_.arrays, results)
         self.global_ = Payload(self.global_.meta, arrays)
         return self.global_
+
+    def finished(self) -> bool:
+        """True to stop before ``rounds`` (e.g. the weights stopped changing); checked after
+        every aggregation."""
+        return False
 
     def payload_for(self, worker_id: str) -> Payload:
         """The payload one worker gets (the global one unless ``per_worker``)."""

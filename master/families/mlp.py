@@ -54,13 +54,14 @@ class MLPServer(ServerFamily):
                                 code="rejected")
         (input_dim,) = dims
         model = self.params.classifier(input_dim, len(classes), random_state=self.cfg.seed)
-        self.global_ = Payload({"classes": classes, "input_dim": input_dim}, model.get_arrays())
+        self.setup_info_ = {"classes": classes, "input_dim": input_dim}
+        self.global_ = Payload({}, model.get_arrays())
         log.info("mlp: %d features, %d classes, %d parameters", input_dim, len(classes),
                  sum(a.size for a in self.global_.arrays.values()))
         return self.global_
 
     def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:
-        meta = self.global_.meta
+        meta = self.setup_info_
         if int(info.get("input_dim", -1)) != meta["input_dim"]:
             raise ProtocolError(f"feature size {info.get('input_dim')} but the model takes "
                                 f"{meta['input_dim']}", code="rejected")
@@ -76,7 +77,7 @@ class MLPServer(ServerFamily):
         first = next(iter(shards.values()))
         X, y, n_classes = sentence_features(cfg, first.dataset), first.y, len(first.classes)
         # The workers' class order comes from the pre-training exchange; map into it.
-        to_global = np.array([self.global_.meta["classes"].index(c) for c in first.classes])
+        to_global = np.array([self.setup_info_["classes"].index(c) for c in first.classes])
         y = to_global[y]
         epochs = cfg.rounds * p.local_epochs
         test = np.concatenate([s.test_index for s in shards.values()])

@@ -53,8 +53,8 @@ class ClientFamily(ABC):
         """What the master needs for the pre-training exchange (sizes, labels, vocabulary)."""
         return {}
 
-    def setup(self, meta: Mapping[str, Any]) -> None:
-        """Take the master's answer to the pre-training exchange."""
+    def setup(self, setup: Mapping[str, Any]) -> None:
+        """Take the master's answer to the pre-training exchange (its ``setup_info_``)."""
 
     @abstractmethod
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]

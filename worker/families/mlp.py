@@ -45,9 +45,9 @@ class MLPClient(ClientFamily):
     def registration_info(self) -> dict[str, Any]:
         return {"input_dim": int(self.x_train.shape[1]), "classes": list(self.data.classes)}
 
-    def setup(self, meta: Mapping[str, Any]) -> None:
-        self._remap(list(meta["classes"]))
-        self.model = self.params.classifier(int(meta["input_dim"]), len(self.classes),
+    def setup(self, setup: Mapping[str, Any]) -> None:
+        self._remap(list(setup["classes"]))
+        self.model = self.params.classifier(int(setup["input_dim"]), len(self.classes),
                                             device=self.device, random_state=self.seed)
 
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
