@@ -64,19 +64,23 @@ def main() -> None:
 @click.option("--rounds", type=int, default=None, help="Override the number of rounds.")
 @click.option("--output", "-o", type=click.Path(file_okay=False), default=None,
               help="Output folder (default: output_dir of the config).")
+@click.option("--resume", is_flag=True,
+              help="Continue from the checkpoint in the output folder; running workers "
+                   "reconnect by themselves.")
 @_log_level
 def master(config: str, workers: int | None, rounds: int | None, output: str | None,
-           log_level: str) -> None:
+           resume: bool, log_level: str) -> None:
     """Run the master: announce, collect updates, aggregate, write results."""
     _setup_logging(log_level)
+    from common.security import SecurityError
     from master.server import Master
 
     try:
         cfg = _load(config, workers, rounds, output)
-        server = Master(cfg)
+        server = Master(cfg, resume=resume)
         server.bind()
         server.serve()
-    except (ConfigError, OSError, TimeoutError, RuntimeError) as exc:
+    except (ConfigError, SecurityError, OSError, TimeoutError, RuntimeError) as exc:
         _fail(exc)
     finally:
         if "server" in locals():
@@ -110,7 +114,7 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
         cfg = _load(config, workers, rounds)
         Worker(cfg, worker_id, data_path=data, device=device).run()
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable) as exc:
-        _fail(exc)
+        _fail(exc)  # SecurityError is a ValueError
 
 
 @main.command()
@@ -139,6 +143,35 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
         _fail(exc)
     if code:
         sys.exit(code)
+
+
+@main.command()
+@_config
+@click.option("--dir", "keys_dir", type=click.Path(file_okay=False), default=None,
+              help="Key folder (default: security.keys_dir of the config, else ./keys).")
+@click.option("--workers", type=int, default=None,
+              help="Keys for workers w1..wN instead of the config's worker list.")
+@click.option("--force", is_flag=True, help="Replace existing keys.")
+def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) -> None:
+    """Write CURVE key pairs for the master and every worker, and the admitted keys.
+
+    Copy keys/master.key_secret and keys/admitted/ to the master's node, and to each worker's
+    node keys/master.key plus keys/workers/NAME.key_secret; then set
+    `security: {mode: curve, keys_dir: keys}` in cluster.yaml.
+    """
+    from common.security import keygen as write_keys
+
+    try:
+        cfg = _load(config, workers)
+    except ConfigError as exc:
+        _fail(exc)
+    folder = Path(keys_dir or cfg.security.keys_dir or "keys")
+    names = [w.name for w in cfg.workers]
+    if not names:
+        _fail(ConfigError(f"{cfg.source}: workers: no workers to make keys for"))
+    written = write_keys(folder, names, overwrite=force)
+    click.echo(f"{len(written)} key file(s) written to {folder} "
+               f"(master + {len(names)} worker(s); existing keys kept unless --force)")
 
 
 def _register_subcommands() -> None:

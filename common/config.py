@@ -81,6 +81,19 @@ class DataConfig:
 
 
 @dataclass
+class SecurityConfig:
+    """Transport security: ``curve`` (CURVE encryption + key-based admission) or ``none``."""
+
+    mode: str = "none"
+    keys_dir: str | None = None
+    explicit: bool = False  # whether the YAML chose a mode (plaintext by default is logged)
+
+    @property
+    def curve(self) -> bool:
+        return self.mode == "curve"
+
+
+@dataclass
 class ClusterConfig:
     """The whole cluster description (see the README's cluster.yaml reference)."""
 
@@ -94,6 +107,8 @@ class ClusterConfig:
     round_deadline: float = C.ROUND_DEADLINE
     join_timeout: float = C.JOIN_TIMEOUT
     data: DataConfig = field(default_factory=DataConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    heartbeat_timeout: float = C.HEARTBEAT_TIMEOUT
     output_dir: str = "runs/latest"
     baselines: bool = True
     seed: int = 0
@@ -170,7 +185,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         raw = {}
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
-           "round_deadline", "join_timeout", "data", "output_dir", "baselines", "seed"}
+           "round_deadline", "join_timeout", "data", "security", "heartbeat_timeout",
+           "output_dir", "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
@@ -228,6 +244,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("min_workers", lambda v: _int(v) and v >= 1, "an integer >= 1"),
         ("round_deadline", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("join_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
+        ("heartbeat_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("seed", _int, "an integer"),
         ("baselines", lambda v: isinstance(v, bool), "true or false"),
         ("output_dir", lambda v: isinstance(v, str) and v, "a path"),
@@ -255,6 +272,21 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             "a positive integer", data.limit)
     cfg.data = data
 
+    sec = raw.get("security")
+    if isinstance(sec, str):
+        sec = {"mode": sec}
+    if sec is not None:
+        sec = _section({"security": sec}, "security", {"mode", "keys_dir"}, src)
+        keys_dir = sec.get("keys_dir")
+        mode = sec.get("mode", "curve" if keys_dir else None)
+        _expect(mode in ("curve", "none"), f"{src}: security.mode", "curve or none", mode)
+        _expect(keys_dir is None or (isinstance(keys_dir, str) and keys_dir),
+                f"{src}: security.keys_dir", "a path", keys_dir)
+        if mode == "curve" and not keys_dir:
+            raise ConfigError(f"{src}: security.keys_dir: curve needs a key folder "
+                              "(write one with `fedctl keygen`)")
+        cfg.security = SecurityConfig(mode=mode, keys_dir=keys_dir, explicit=True)
+
     # Relative paths are relative to the YAML file's directory.
     base = Path(source).resolve().parent if Path(source).exists() else Path.cwd()
     cfg.data.path = str((base / data.path).resolve())
@@ -264,6 +296,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     if data.cache_dir:
         cfg.data.cache_dir = str((base / data.cache_dir).resolve())
     cfg.output_dir = str((base / cfg.output_dir).resolve())
+    if cfg.security.keys_dir:
+        cfg.security.keys_dir = str((base / cfg.security.keys_dir).resolve())
     return cfg
 
 
@@ -272,6 +306,9 @@ def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
     out = asdict(cfg)
     out.pop("source")
     out["workers"] = [{k: v for k, v in w.items() if v is not None} for w in out["workers"]]
+    sec = out.pop("security")
+    if cfg.security.explicit:
+        out["security"] = {k: v for k, v in sec.items() if k != "explicit" and v is not None}
     return out
 
 

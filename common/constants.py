@@ -34,6 +34,15 @@ REQUEST_TIMEOUT = 10.0
 #: Lazy Pirate: how many times a request is sent before the peer is declared unreachable.
 REQUEST_RETRIES = 5
 
+#: How often a worker's heartbeat thread pings the master.
+HEARTBEAT_INTERVAL = 1.0
+#: A worker not heard from for this long is taken for dead: dropped from the open round.
+HEARTBEAT_TIMEOUT = 5.0
+
+#: How long a restarted master announces itself before reopening its round, so that the
+#: workers' SUB sockets have reconnected when the round's payload goes out.
+RESUME_GRACE = 1.0
+
 #: How long a worker waits for the first announcement before giving up.
 JOIN_TIMEOUT = 120.0
 
@@ -49,6 +58,7 @@ POLL_INTERVAL_MS = 20
 #: ZeroMQ high-water marks: bound the queues so a slow peer cannot exhaust memory.
 PUB_SNDHWM = 64
 SUB_RCVHWM = 64
+REP_RCVHWM = 64
 
 #: Socket linger on close, in milliseconds: a closing socket drops unsent messages after this.
 LINGER_MS = 1000

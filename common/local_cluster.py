@@ -52,6 +52,10 @@ def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str 
     config_path = out / "cluster.yaml"
     atomic_write_bytes(config_path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode())
 
+    if cfg.security.curve:  # this machine is every node: make any keys that are missing
+        from common.security import keygen
+
+        keygen(cfg.security.keys_dir, [w.name for w in cfg.workers])
     family = SERVER_FAMILIES.get(cfg.family)
     if family is not None:
         log.info("preparing %s (once for all %d workers)", cfg.family, len(cfg.workers))

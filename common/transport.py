@@ -7,8 +7,7 @@ is small enough to read in one sitting, as the ZeroMQ guide's patterns are.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,32 +38,43 @@ class RemoteError(RuntimeError):
         self.code = code
 
 
-def _tune(sock: zmq.Socket) -> zmq.Socket:
+SocketSetup = Callable[[zmq.Socket], None]
+
+
+def _tune(sock: zmq.Socket, setup: SocketSetup | None = None) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, C.LINGER_MS)
+    # ZMTP heartbeats: a peer that vanished without closing its TCP connection is noticed.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(C.HEARTBEAT_INTERVAL * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(C.HEARTBEAT_TIMEOUT * 1000))
     sock.copy_threshold = C.ZERO_COPY_THRESHOLD
+    if setup is not None:  # security options must be set before bind/connect
+        setup(sock)
     return sock
 
 
-def bind_pub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+def bind_pub(ctx: zmq.Context, endpoint: str, setup: SocketSetup | None = None) -> zmq.Socket:
     """A PUB socket bound to ``endpoint`` with a bounded send queue."""
-    sock = _tune(ctx.socket(zmq.PUB))
+    sock = _tune(ctx.socket(zmq.PUB), setup)
     sock.setsockopt(zmq.SNDHWM, C.PUB_SNDHWM)
     sock.bind(endpoint)
     return sock
 
 
-def bind_rep(ctx: zmq.Context, endpoint: str, max_message_bytes: int = C.MAX_MESSAGE_BYTES
-             ) -> zmq.Socket:
-    """A REP socket bound to ``endpoint`` that drops any frame over ``max_message_bytes``."""
-    sock = _tune(ctx.socket(zmq.REP))
+def bind_rep(ctx: zmq.Context, endpoint: str, max_message_bytes: int = C.MAX_MESSAGE_BYTES,
+             setup: SocketSetup | None = None) -> zmq.Socket:
+    """A REP socket bound to ``endpoint`` that drops any frame over ``max_message_bytes``
+    and queues at most ``REP_RCVHWM`` messages per peer."""
+    sock = _tune(ctx.socket(zmq.REP), setup)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.RCVHWM, C.REP_RCVHWM)
     sock.bind(endpoint)
     return sock
 
 
-def connect_sub(ctx: zmq.Context, endpoint: str, topics: Iterable[bytes]) -> zmq.Socket:
+def connect_sub(ctx: zmq.Context, endpoint: str, topics: Iterable[bytes],
+                setup: SocketSetup | None = None) -> zmq.Socket:
     """A SUB socket connected to ``endpoint`` and subscribed to each topic prefix."""
-    sock = _tune(ctx.socket(zmq.SUB))
+    sock = _tune(ctx.socket(zmq.SUB), setup)
     sock.setsockopt(zmq.RCVHWM, C.SUB_RCVHWM)
     for topic in topics:
         sock.setsockopt(zmq.SUBSCRIBE, topic)
@@ -112,20 +122,23 @@ class LazyPirateClient:
         Seconds to wait for each reply.
     retries : int, default constants.REQUEST_RETRIES
         Attempts before :class:`PeerUnreachable` is raised.
+    setup : callable, optional
+        Applied to every new socket before it connects (CURVE keys).
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, timeout: float = C.REQUEST_TIMEOUT,
-                 retries: int = C.REQUEST_RETRIES) -> None:
+                 retries: int = C.REQUEST_RETRIES, setup: SocketSetup | None = None) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
         self.timeout = timeout
         self.retries = retries
+        self.setup = setup
         self.bytes_sent = 0
         self.bytes_received = 0
         self._sock: zmq.Socket | None = None
 
     def _open(self) -> zmq.Socket:
-        sock = _tune(self.ctx.socket(zmq.REQ))
+        sock = _tune(self.ctx.socket(zmq.REQ), self.setup)
         sock.setsockopt(zmq.LINGER, 0)  # a dropped request must not linger on close
         sock.connect(self.endpoint)
         return sock
@@ -179,11 +192,6 @@ def wait_readable(sockets: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Soc
     for s in sockets:
         poller.register(s, zmq.POLLIN)
     return {s for s, _ in poller.poll(timeout_ms)}
-
-
-def monotonic() -> float:
-    """The clock every time-out uses."""
-    return time.monotonic()
 
 
 __all__ = [

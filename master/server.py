@@ -24,9 +24,11 @@ from common import constants as C
 from common import messages as M
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig
-from common.metrics import MetricsLog
+from common.metrics import MetricsLog, read_metrics
+from common.security import server_keys, start_authenticator
 from common.transport import bind_pub, bind_rep, recv, send, send_error
 from common.wire import Message, ProtocolError
+from master.checkpoint import Checkpoint, CheckpointWriter
 from master.families import Payload, ServerFamily, make_server_family
 from master.report import comparison_rows, format_table
 from master.strategies import ClientResult
@@ -73,6 +75,8 @@ class Master:
     cfg : ClusterConfig
     ctx : zmq.Context, optional
         Shared context (a new one by default).
+    resume : bool, default False
+        Continue from ``<output_dir>/checkpoint.npz`` (``fedctl master --resume``).
 
     Attributes
     ----------
@@ -84,11 +88,14 @@ class Master:
         Model version: 0 for the initial model, +1 per aggregation.
     """
 
-    def __init__(self, cfg: ClusterConfig, ctx: zmq.Context | None = None) -> None:
+    def __init__(self, cfg: ClusterConfig, ctx: zmq.Context | None = None,
+                 resume: bool = False) -> None:
         self.cfg = cfg
         self.ctx = ctx or zmq.Context.instance()
         self.family: ServerFamily = make_server_family(cfg)
         self.run_id = secrets.token_hex(4)
+        # A new one at every start of the process: workers that see it change re-register.
+        self.incarnation = secrets.token_hex(4)
         self.rng = np.random.default_rng(cfg.seed)  # client sampling
         self.phase = JOINING
         self.round = 0
@@ -105,18 +112,34 @@ class Master:
         self._report_deadline = 0.0
         self._next_announce = 0.0
         self._expected = {w.name for w in cfg.workers}
+        self._resume_at = 0.0
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
+        self._auth = None
+        self._checkpoints = CheckpointWriter(self.out, self.metrics)
+        if resume:
+            self._restore(Checkpoint.load(self.out))
 
     # ------------------------------------------------------------------ lifecycle
     def bind(self) -> None:
         """Bind PUB and REP; a port in use is a one-line error naming it."""
         m = self.cfg.master
+        setup = None
+        if self.cfg.security.curve:
+            setup = server_keys(self.cfg.security.keys_dir).setup
+            self._auth = start_authenticator(self.ctx, self.cfg.security.keys_dir)
+            log.info("security: CURVE, admitting the keys in %s/admitted",
+                     self.cfg.security.keys_dir)
+        else:
+            log.warning("security: none%s: traffic is plaintext and any peer that reaches the "
+                        "ports can talk to the master (run `fedctl keygen` and set "
+                        "security.keys_dir)", "" if self.cfg.security.explicit else
+                        " (no security section)")
         for attr, endpoint, key in (("pub", m.pub_bind, "pub_port"), ("rep", m.rep_bind,
                                                                        "rep_port")):
             try:
-                sock = bind_pub(self.ctx, endpoint) if attr == "pub" else bind_rep(self.ctx,
-                                                                                   endpoint)
+                sock = (bind_pub(self.ctx, endpoint, setup=setup) if attr == "pub"
+                        else bind_rep(self.ctx, endpoint, setup=setup))
             except zmq.ZMQError as exc:
                 self.close()
                 raise OSError(f"cannot bind {endpoint} (master.{key}): {exc.strerror}") from None
@@ -137,14 +160,19 @@ class Master:
             while self.phase != DONE:
                 self._tick()
         finally:
+            self._checkpoints.close()  # its last events go to the log before the log closes
             self.metrics.close()
         return self.summary
 
     def close(self) -> None:
+        self._checkpoints.close()
         for sock in (self.pub, self.rep):
             if sock is not None:
                 sock.close(linger=C.LINGER_MS)
         self.pub = self.rep = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -159,9 +187,10 @@ class Master:
         self._advance(time.monotonic())
 
     def _announce(self) -> None:
-        send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "phase": self.phase,
-                                    "round": self.round, "version": self.version,
-                                    "rounds": self.cfg.rounds}, topic=M.TOPIC_ANNOUNCE)
+        send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,
+                                    "phase": self.phase, "round": self.round,
+                                    "version": self.version, "rounds": self.cfg.rounds},
+             topic=M.TOPIC_ANNOUNCE)
 
     # ------------------------------------------------------------------ requests
     def _serve_one(self) -> None:
@@ -216,8 +245,8 @@ class Master:
                  len(self.workers), len(self._expected) or self.cfg.min_workers)
         self.metrics.write("register", worker=wid, n_samples=b["n_samples"], device=b["device"],
                            rejoin=rejoin, phase=self.phase, round=self.round, time=time.time())
-        body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
-                "version": self.version, "rounds": self.cfg.rounds}
+        body = {"run_id": self.run_id, "incarnation": self.incarnation, "phase": self.phase,
+                "round": self.round, "version": self.version, "rounds": self.cfg.rounds}
         if self.phase != JOINING:
             body["setup"] = self.family.setup_info_
         send(self.rep, M.WELCOME, body)
@@ -281,7 +310,11 @@ class Master:
         if self.phase == JOINING:
             self._maybe_start(now)
         elif self.phase == TRAINING:
-            self._maybe_close_round(now)
+            if self.open is None:  # resumed: reopen once the workers have had time to hear us
+                if now >= self._resume_at:
+                    self._start_round(now)
+            else:
+                self._maybe_close_round(now)
         elif self.phase == REPORTING:
             waiting = [w for w in self.workers.values() if w.report is None]
             if not waiting or now >= self._report_deadline:
@@ -296,9 +329,12 @@ class Master:
         waited = self._first_join is not None and now - self._first_join >= self.cfg.join_timeout
         if not (everyone or (not self._expected and n >= self.cfg.min_workers)
                 or (waited and n >= self.cfg.min_workers)):
-            if now - self._join_started >= self.cfg.join_timeout and n < self.cfg.min_workers:
-                raise TimeoutError(f"only {n} of min_workers={self.cfg.min_workers} worker(s) "
-                                   f"registered within join_timeout={self.cfg.join_timeout:g}s")
+            if now - self._join_started >= 10.0:  # waiting is normal; waiting silently is not
+                self._join_started = now
+                log.info("waiting for workers: %d registered (%s), min_workers=%d%s", n,
+                         ", ".join(sorted(self.workers)) or "none", self.cfg.min_workers,
+                         f", expecting {', '.join(sorted(self._expected - set(self.workers)))}"
+                         if self._expected else "")
             return
         regs = {w.worker_id: w.info for w in self.workers.values()}
         try:
@@ -311,13 +347,23 @@ class Master:
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
 
+    def _alive(self, worker_id: str, now: float | None = None) -> bool:
+        """Heard from within ``heartbeat_timeout`` (workers ping every second)."""
+        now = time.monotonic() if now is None else now
+        return now - self.workers[worker_id].last_seen <= self.cfg.heartbeat_timeout
+
     def _sample(self) -> list[str]:
-        """This round's participants: a fraction C of the registered workers, at least one."""
+        """This round's participants: a fraction C of the registered workers, at least one.
+
+        With C = 1 every registered worker takes part (one that is down may come back within
+        the round); with C < 1 the sample is drawn among the live ones.
+        """
         everyone = sorted(self.workers)
         k = max(1, round(self.cfg.client_fraction * len(everyone)))
         if k >= len(everyone):
             return everyone
-        return sorted(self.rng.choice(everyone, size=k, replace=False).tolist())
+        live = [w for w in everyone if self._alive(w)] or everyone
+        return sorted(self.rng.choice(live, size=min(k, len(live)), replace=False).tolist())
 
     def _start_round(self, now: float) -> None:
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline, self._sample())
@@ -339,25 +385,34 @@ class Master:
     def _maybe_close_round(self, now: float) -> None:
         rnd = self.open
         assert rnd is not None
-        everyone = set(rnd.participants) <= set(rnd.results)
+        waiting = [w for w in rnd.participants if w not in rnd.results]
+        live = [w for w in waiting if w in self.workers and self._alive(w, now)]
         enough = len(rnd.results) >= min(self.cfg.min_workers, len(rnd.participants))
-        if not (everyone or (now >= rnd.deadline and enough)):
+        # Dead participants are dropped at once rather than at the deadline.
+        if not ((not live and enough) or (now >= rnd.deadline and enough)):
             if now >= rnd.deadline and now - rnd.last_wait_log >= 10.0:
                 rnd.last_wait_log = now
                 log.warning("round %d: deadline passed with %d update(s), min_workers=%d; "
                             "waiting for more", rnd.number, len(rnd.results),
                             self.cfg.min_workers)
             return
-        missing = sorted(set(rnd.participants) - set(rnd.results))
+        missing = sorted(waiting)
         if missing:
-            log.warning("round %d: closing at its deadline without %s", rnd.number,
-                        ", ".join(missing))
+            dead = [w for w in missing if w not in live]
+            log.warning("round %d: closing without %s%s", rnd.number, ", ".join(missing),
+                        f" (no heartbeat for {self.cfg.heartbeat_timeout:g}s: "
+                        f"{', '.join(dead)})" if dead else " (deadline)")
         t0 = time.perf_counter()
-        self.family.aggregate(rnd.number, list(rnd.results.values()))
+        # In worker order, not arrival order: the same updates always give the same sum.
+        results = [rnd.results[w] for w in sorted(rnd.results)]
+        self.family.aggregate(rnd.number, results)
         aggregate_time = time.perf_counter() - t0
         self.version += 1
-        self._log_round(rnd, aggregate_time, missing)
+        events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
+        # The round's events reach metrics.jsonl once its checkpoint is on disk, so the log
+        # never shows a round that a resumed master would run again.
+        self._checkpoints.submit(self._checkpoint(events), events)
         if rnd.number >= self.cfg.rounds or self.family.finished():
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT
@@ -369,29 +424,82 @@ class Master:
             self.round += 1
             self._start_round(time.monotonic())
 
-    def _log_round(self, rnd: RoundState, aggregate_time: float, missing: list[str]) -> None:
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self, events: list[dict[str, Any]]) -> Checkpoint:
+        family_meta, family_arrays = self.family.state()
+        meta = {
+            "events": events,
+            "run_id": self.run_id, "round": self.round, "version": self.version,
+            "setup_info": self.family.setup_info_, "global_meta": self.family.global_.meta,
+            "registrations": {w.worker_id: {"n_samples": w.n_samples, "device": w.device,
+                                            "info": w.info} for w in self.workers.values()},
+            "rng_state": self.rng.bit_generator.state, "family_meta": family_meta,
+            "family": self.cfg.family, "strategy": self.family.strategy.name,
+        }
+        return Checkpoint(meta, dict(self.family.global_.arrays), self.family.strategy.state(),
+                          family_arrays)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        m = ckpt.meta
+        if m.get("family") != self.cfg.family or m.get("strategy") != self.family.strategy.name:
+            raise RuntimeError(f"the checkpoint is of {m.get('family')}/{m.get('strategy')}, "
+                               f"the config asks for {self.cfg.family}/"
+                               f"{self.family.strategy.name}")
+        self.run_id = m["run_id"]
+        self.version = int(m["version"])
+        self.family.setup_info_ = m["setup_info"]
+        self.family.global_ = Payload(m["global_meta"], dict(ckpt.global_arrays))
+        self.family.strategy.load_state(ckpt.strategy_arrays)
+        self.family.load_state(m["family_meta"], ckpt.family_arrays)
+        self.rng.bit_generator.state = m["rng_state"]
+        now = time.monotonic()
+        for wid, r in m["registrations"].items():
+            self.workers[wid] = WorkerState(wid, r["n_samples"], r["device"], r["info"], now, now)
+        done = int(m["round"])
+        # The last round's events, if the master died between its checkpoint and its log line.
+        logged = {(e.get("event"), e.get("round"), e.get("worker"))
+                  for e in read_metrics(self.out / "metrics.jsonl")}
+        for e in m.get("events", []):
+            if (e["event"], e.get("round"), e.get("worker")) not in logged:
+                self.metrics.write(**e)
+        self._resume_at = now + C.RESUME_GRACE
+        if done >= self.cfg.rounds:
+            self.round, self.phase = done, REPORTING
+            self._report_deadline = now + C.REPORT_TIMEOUT
+        else:
+            self.round, self.phase = done + 1, TRAINING
+        self.metrics.write("resume", run_id=self.run_id, completed_round=done,
+                           version=self.version, time=time.time())
+        log.info("resumed job %s after round %d (model version %d)", self.run_id, done,
+                 self.version)
+
+    def _log_round(self, rnd: RoundState, aggregate_time: float, missing: list[str]
+                   ) -> list[dict[str, Any]]:
+        """Log the round and return its metrics events (written with its checkpoint)."""
         duration = time.monotonic() - rnd.started
         slowest = max((m.get("train_time", 0.0) for m in rnd.metrics.values()), default=0.0)
         slowest_compute = max((m.get("train_time", 0.0) + m.get("eval_time", 0.0)
                                for m in rnd.metrics.values()), default=0.0)
-        for wid, m in rnd.metrics.items():
-            self.metrics.write("worker_round", round=rnd.number, worker=wid,
-                               n_samples=rnd.results[wid].n_samples, **m)
+        events = [dict(event="worker_round", round=rnd.number, worker=wid,
+                       n_samples=rnd.results[wid].n_samples, **m)
+                  for wid, m in sorted(rnd.metrics.items())]
         scores = [m["macro_f1"] for m in rnd.metrics.values() if "macro_f1" in m]
-        self.metrics.write(
-            "round", round=rnd.number, version=self.version, n_updates=len(rnd.results),
+        events.append(dict(
+            event="round", round=rnd.number, version=self.version, n_updates=len(rnd.results),
             missing=missing, duration_s=duration, slowest_train_s=slowest,
             overhead_s=duration - slowest, slowest_compute_s=slowest_compute,
             comm_overhead_s=duration - slowest_compute, aggregate_s=aggregate_time,
             publish_s=rnd.publish_time, broadcast_bytes=rnd.broadcast_bytes,
             bytes_in=rnd.bytes_in, mean_macro_f1=float(np.mean(scores)) if scores else None,
-            time=time.time())
+            participants=rnd.participants, time=time.time()))
         log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
                  "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), duration, slowest,
                  1000 * (duration - slowest),
                  f", global macro-F1 at round start {np.mean(scores):.3f}" if scores else "")
+        return events
 
     def _finish(self) -> None:
+        self._checkpoints.flush()  # every round's events are in the log before the summary
         final = self.family.global_
         buf = _npz_bytes(final.arrays)
         atomic_write_bytes(self.out / "model.npz", buf)

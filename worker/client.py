@@ -11,21 +11,66 @@ for a round it has not received fetches the model over REQ instead.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 import torch
 import zmq
 
+from common import constants as C
 from common import messages as M
 from common.config import ClusterConfig
 from common.data import resolve_device
+from common.security import client_keys
 from common.shards import local_data, worker_seed
-from common.transport import LazyPirateClient, RemoteError, connect_sub, recv
+from common.transport import (
+    LazyPirateClient,
+    PeerUnreachable,
+    RemoteError,
+    SocketSetup,
+    connect_sub,
+    recv,
+)
 from common.wire import Message, ProtocolError
 from worker.families import ClientFamily, make_client_family
 
 log = logging.getLogger("fedctl.worker")
+
+
+class Heartbeat(threading.Thread):
+    """Pings the master every ``HEARTBEAT_INTERVAL`` from its own REQ socket, so the master
+    knows this worker is alive even while a long local update holds the main loop.
+
+    A master that answers ``unknown_worker`` has lost this worker (it was restarted from a
+    checkpoint, or dropped it): ``lost`` is set and the main loop registers again.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str,
+                 setup: SocketSetup | None) -> None:
+        super().__init__(name=f"heartbeat-{worker_id}", daemon=True)
+        self.client = LazyPirateClient(ctx, endpoint, timeout=C.HEARTBEAT_INTERVAL, retries=1,
+                                       setup=setup)
+        self.worker_id = worker_id
+        self.lost = threading.Event()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(C.HEARTBEAT_INTERVAL):
+                try:
+                    self.client.request(M.PING, {"worker_id": self.worker_id})
+                except RemoteError as exc:
+                    if exc.code == "unknown_worker":
+                        self.lost.set()
+                except PeerUnreachable:
+                    pass  # the master may be restarting; the main loop decides when to give up
+        finally:
+            self.client.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=2 * C.HEARTBEAT_INTERVAL)
 
 
 class Worker:
@@ -59,8 +104,10 @@ class Worker:
         self.run_id: str | None = None
         self.ready = False  # set up by the pre-training exchange
         self.last_round = 0  # the last round this worker uploaded (or gave up on)
+        self.incarnation: str | None = None
         self.sub: zmq.Socket | None = None
         self.req: LazyPirateClient | None = None
+        self.heartbeat: Heartbeat | None = None
         self._last_upload = time.monotonic()
         self._sub_bytes = 0
 
@@ -71,15 +118,23 @@ class Worker:
     def run(self) -> dict[str, Any]:
         """Join, train every round, send the final report; returns that report."""
         m = self.cfg.master
+        setup = None
+        if self.cfg.security.curve:
+            setup = client_keys(self.cfg.security.keys_dir, self.worker_id).setup
         self.sub = connect_sub(self.ctx, m.pub_endpoint, [M.TOPIC_ANNOUNCE, M.TOPIC_ROUND,
                                                            M.TOPIC_SHUTDOWN,
-                                                           M.direct_topic(self.worker_id)])
-        self.req = LazyPirateClient(self.ctx, m.rep_endpoint)
+                                                           M.direct_topic(self.worker_id)],
+                               setup=setup)
+        self.req = LazyPirateClient(self.ctx, m.rep_endpoint, setup=setup)
+        self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup)
         try:
             first = self._wait_announce(self.cfg.join_timeout)
             self._register(first)
+            self.heartbeat.start()
             return self._loop()
         finally:
+            if self.heartbeat.is_alive():
+                self.heartbeat.stop()
             self.req.close()
             self.sub.close(linger=0)
 
@@ -109,10 +164,11 @@ class Worker:
         reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
                                            "device": self.device, "info": info})
         self.run_id = reply.body.get("run_id")
+        self.incarnation = reply.body.get("incarnation")
         log.info("%s registered with master %s (%d training, %d test documents, %s)",
                  self.worker_id, self.run_id, self.data.n_train, len(self.data.test_index),
                  self.device)
-        if "setup" in reply.body:  # joined after the pre-training exchange
+        if "setup" in reply.body and not self.ready:  # joined after the pre-training exchange
             self._setup(reply.body["setup"])
         # A worker that joins mid-job starts with the round that is open now.
         if reply.body.get("phase") == "training":
@@ -136,6 +192,18 @@ class Worker:
                                        f"{self.cfg.join_timeout:g}s")
                 continue
             silent_since = now
+            if self.heartbeat is not None and self.heartbeat.lost.is_set():
+                log.warning("the master no longer knows this worker: registering again")
+                self.heartbeat.lost.clear()
+                self._register(msg)
+                continue
+            if msg.kind == M.ANNOUNCE and msg.body.get("incarnation") not in (None,
+                                                                             self.incarnation):
+                # The master restarted (from its checkpoint): whatever this worker sent the
+                # old process may be lost, so join again and redo the open round.
+                log.warning("the master restarted: registering again")
+                self._register(msg)
+                continue
             if msg.kind in (M.ROUND, M.DIRECT):
                 if msg.body.get("round", 0) > self.last_round:
                     self._train(msg)

@@ -71,6 +71,14 @@ class ServerFamily(ABC):
         self.global_ = Payload(self.global_.meta, arrays)
         return self.global_
 
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """What the family keeps beyond ``global_`` and ``setup_info_`` (e.g. each worker's
+        own model), as JSON-able metadata and arrays, for checkpoints."""
+        return {}, {}
+
+    def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`state` returned."""
+
     def finished(self) -> bool:
         """True to stop before ``rounds`` (e.g. the weights stopped changing); checked after
         every aggregation."""

@@ -1,0 +1,145 @@
+"""Master checkpoints: everything needed to resume a job after the master dies.
+
+One file, ``<output_dir>/checkpoint.npz``, written atomically after every round by a background
+thread (so the fsync never lands on a round's critical path): the global payload, the strategy's
+optimizer state, the family's own state, and a JSON document (stored as a byte array inside the
+same archive, so the two can never disagree) with the round, version, registrations and the
+sampling generator's state. Loading uses ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.atomic import atomic_write_bytes
+from common.metrics import MetricsLog
+
+log = logging.getLogger("fedctl.master")
+
+FILENAME = "checkpoint.npz"
+_META = "__meta__"
+
+
+@dataclass
+class Checkpoint:
+    """The state of a job after a completed round.
+
+    Attributes
+    ----------
+    meta : dict
+        JSON-able: ``run_id``, ``round`` (last completed), ``version``, ``setup_info``,
+        ``global_meta``, ``registrations``, ``rng_state``, ``family_meta``.
+    global_arrays, strategy_arrays, family_arrays : dict of str to numpy.ndarray
+    """
+
+    meta: dict[str, Any]
+    global_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    strategy_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    family_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        arrays = {f"global/{k}": v for k, v in self.global_arrays.items()}
+        arrays |= {f"strategy/{k}": v for k, v in self.strategy_arrays.items()}
+        arrays |= {f"family/{k}": v for k, v in self.family_arrays.items()}
+        arrays[_META] = np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Checkpoint:
+        """Read ``folder/checkpoint.npz``.
+
+        Raises
+        ------
+        FileNotFoundError
+            With a one-line message when there is none.
+        """
+        path = Path(folder) / FILENAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no checkpoint to resume from")
+        with np.load(path, allow_pickle=False) as z:
+            parts: dict[str, dict[str, np.ndarray]] = {"global": {}, "strategy": {},
+                                                        "family": {}}
+            meta: dict[str, Any] = {}
+            for key in z.files:
+                if key == _META:
+                    meta = json.loads(z[key].tobytes().decode())
+                else:
+                    kind, _, name = key.partition("/")
+                    parts[kind][name] = z[key]
+        return cls(meta, parts["global"], parts["strategy"], parts["family"])
+
+
+class CheckpointWriter:
+    """Writes checkpoints on a background thread, then the rounds' events to the metrics log.
+
+    Only the newest pending checkpoint is written (a newer round supersedes an older one), but
+    no event is lost: a superseded checkpoint's events go out with the one that replaced it.
+
+    Parameters
+    ----------
+    folder : path
+        Where ``checkpoint.npz`` goes.
+    metrics : MetricsLog
+        Where each round's events are appended once its checkpoint is on disk.
+    """
+
+    def __init__(self, folder: str | Path, metrics: MetricsLog) -> None:
+        self.path = Path(folder) / FILENAME
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._pending: tuple[Checkpoint, list[dict[str, Any]]] | None = None
+        self._wake = threading.Condition(self._lock)
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def submit(self, ckpt: Checkpoint, events: list[dict[str, Any]]) -> None:
+        """Queue ``ckpt`` and the events to log once it is written."""
+        with self._wake:
+            if self._pending is not None:
+                events = self._pending[1] + events
+            self._pending = (ckpt, events)
+            self._wake.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                (ckpt, events), self._pending = self._pending, None
+                self._busy = True
+            try:
+                atomic_write_bytes(self.path, ckpt.to_bytes())
+            except Exception:  # a full disk must not stop training; the log says so
+                log.exception("could not write checkpoint %s", self.path)
+            for e in events:
+                self.metrics.write(**e)
+            with self._wake:
+                self._busy = False
+                self._wake.notify_all()
+
+    def flush(self) -> None:
+        """Wait until everything submitted is written."""
+        with self._wake:
+            while self._pending is not None or self._busy:
+                self._wake.wait()
+
+    def close(self) -> None:
+        """Write what is pending, then stop."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        self._thread.join()
