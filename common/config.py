@@ -108,6 +108,7 @@ class ClusterConfig:
     join_timeout: float = C.JOIN_TIMEOUT
     data: DataConfig = field(default_factory=DataConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    compression: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     heartbeat_timeout: float = C.HEARTBEAT_TIMEOUT
     output_dir: str = "runs/latest"
     baselines: bool = True
@@ -185,8 +186,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         raw = {}
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
-           "round_deadline", "join_timeout", "data", "security", "heartbeat_timeout",
-           "output_dir", "baselines", "seed"}
+           "round_deadline", "join_timeout", "data", "security", "compression",
+           "heartbeat_timeout", "output_dir", "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
@@ -271,6 +272,16 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     _expect(data.limit is None or (_int(data.limit) and data.limit > 0), f"{src}: data.limit",
             "a positive integer", data.limit)
     cfg.data = data
+
+    comp = raw.get("compression", "none")
+    if isinstance(comp, str):
+        comp = {"kind": comp}
+    comp = _section({"compression": comp}, "compression", {"kind", "fraction"}, src)
+    _expect(comp.get("kind", "none") in ("none", "float16", "int8", "topk"),
+            f"{src}: compression.kind", "none, float16, int8 or topk", comp.get("kind"))
+    _expect(_num(comp.get("fraction", 0.01)) and 0 < comp.get("fraction", 0.01) <= 1,
+            f"{src}: compression.fraction", "a fraction in (0, 1]", comp.get("fraction"))
+    cfg.compression = {"kind": "none", **comp}
 
     sec = raw.get("security")
     if isinstance(sec, str):

@@ -23,6 +23,7 @@ import zmq
 from common import constants as C
 from common import messages as M
 from common.atomic import atomic_write_bytes
+from common.compression import decompress
 from common.config import ClusterConfig
 from common.metrics import MetricsLog, read_metrics
 from common.security import server_keys, start_authenticator
@@ -287,8 +288,10 @@ class Master:
         if b["n_samples"] < 1:
             raise ProtocolError("update: n_samples must be >= 1", code="bad_field")
         M.check_metrics(b["metrics"], "update.metrics")
-        self.family.check_update(msg.arrays)
-        rnd.results[ws.worker_id] = ClientResult(ws.worker_id, msg.arrays, b["n_samples"])
+        arrays = decompress(str(b.get("compression", "none")), msg.arrays,
+                            self.family.payload_for(ws.worker_id).arrays)
+        self.family.check_update(arrays)
+        rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"])
         rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
         rnd.bytes_in += nbytes
         send(self.rep, M.ACK, {"round": rnd.number, "duplicate": False})

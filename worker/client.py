@@ -20,6 +20,7 @@ import zmq
 
 from common import constants as C
 from common import messages as M
+from common.compression import Compressor
 from common.config import ClusterConfig
 from common.data import resolve_device
 from common.security import client_keys
@@ -101,6 +102,8 @@ class Worker:
         seed = worker_seed(cfg, worker_id)
         torch.manual_seed(seed)
         self.family: ClientFamily = make_client_family(cfg, self.data, self.device, seed)
+        kind = cfg.compression["kind"] if self.family.compressible else "none"
+        self.compressor = Compressor(kind, cfg.compression.get("fraction", 0.01))
         self.run_id: str | None = None
         self.ready = False  # set up by the pre-training exchange
         self.last_round = 0  # the last round this worker uploaded (or gave up on)
@@ -244,9 +247,10 @@ class Worker:
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         try:
+            arrays = self.compressor.compress(result.arrays, msg.arrays)
             reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
-                                             "n_samples": result.n_samples, "metrics": metrics},
-                                  result.arrays)
+                                             "n_samples": result.n_samples, "metrics": metrics,
+                                             "compression": self.compressor.kind}, arrays)
             log.info("round %d: loss %.4f, global model before training macro-F1 %.4f, "
                      "%.3fs training%s", rnd, metrics.get("train_loss", float("nan")),
                      metrics.get("macro_f1", float("nan")), metrics.get("train_time", 0.0),

@@ -38,6 +38,9 @@ class ClientFamily(ABC):
     """
 
     name: str = "family"
+    #: Uploads are parameters of the shape the master sent, so the cluster's ``compression``
+    #: (a delta against them) applies. Families that upload something else set False.
+    compressible: bool = True
 
     def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
         self.cfg = cfg

@@ -1,0 +1,253 @@
+"""Faults over real processes: a worker killed and restarted, a worker paused past the deadline,
+the master killed and resumed, and a fuzzer flooding the master's REP socket during a run.
+
+Rounds are made slow enough to be hit mid-run with many local epochs (rounds of a few hundred
+milliseconds); nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import yaml
+import zmq
+
+from common.wire import decode, encode
+from tests.conftest import MakeConfig, Procs, events, wait_for
+
+pytestmark = pytest.mark.slow
+
+# Slow enough rounds to act mid-run; multiclass so that macro-F1 means something on 600 docs.
+SLOW = {"family": "mlp", "local_epochs": 40, "hidden": 64}
+DATA = {"task": "multiclass", "partition": "iid"}
+
+
+def _config(make_config: MakeConfig, tmp_path: Path, rounds: int, **extra: Any) -> Path:
+    return make_config(tmp_path, workers=3, rounds=rounds, min_workers=2, model=SLOW,
+                       data=DATA, **extra)
+
+
+def _rounds(out: Path) -> list[int]:
+    return [e["round"] for e in events(out, "round")]
+
+
+def _final_f1(cfg_path: Path) -> float:
+    """Macro-F1 of the final model on every document of the job (all workers' rows): one
+    common set of 600, large enough that one document is not a point of F1."""
+    from common.config import load_config
+    from common.models.mlp import MLPParams
+    from common.shards import local_data, sentence_features
+
+    cfg = load_config(cfg_path)
+    data = local_data(cfg, "w1")
+    X = sentence_features(cfg, data.dataset)
+    model = MLPParams(hidden=SLOW["hidden"]).classifier(X.shape[1], len(data.classes))
+    with np.load(Path(cfg.output_dir) / "model.npz") as z:
+        model.set_arrays({k: z[k] for k in z.files})
+    return model.score(X, data.y)["macro_f1"]
+
+
+def _run_whole(procs: Procs, cfg: Path, workers: tuple[str, ...] = ("w1", "w2", "w3")) -> None:
+    procs.master(cfg)
+    for w in workers:
+        procs.worker(cfg, w)
+
+
+def _undisturbed(make_config: MakeConfig, tmp_path: Path, procs: Procs, rounds: int,
+                 **extra: Any) -> Path:
+    """The same job with nothing going wrong: what a disturbed run is compared with."""
+    base = tmp_path / "undisturbed"
+    base.mkdir()
+    cfg = _config(make_config, base, rounds, **extra)
+    _run_whole(procs, cfg)
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    procs.procs.clear()
+    return base / "out"
+
+
+def test_worker_killed_and_restarted(tmp_path: Path, make_config: MakeConfig, procs: Procs
+                                     ) -> None:
+    """w2 is killed mid-run and started again. To make sure the new process is back before the
+    job ends, however slowly this machine starts processes, w3 is paused meanwhile: with w1
+    alone below min_workers=2 the open round waits for the new w2."""
+    rounds = 30
+    reference = _undisturbed(make_config, tmp_path, procs, rounds, heartbeat_timeout=2)
+    cfg = _config(make_config, tmp_path, rounds, heartbeat_timeout=2)
+    reference_cfg = tmp_path / "undisturbed" / "cluster.yaml"
+    assert reference.parent == reference_cfg.parent
+    out = tmp_path / "out"
+    _run_whole(procs, cfg)
+    wait_for(lambda: len(_rounds(out)) >= 3, 120, "round 3", procs.check_alive_or_ok)
+    w3 = procs.procs["w3"]
+    w3.send_signal(signal.SIGSTOP)
+    try:
+        procs.procs["w2"].send_signal(signal.SIGKILL)
+        procs.procs["w2"].wait(timeout=10)
+        del procs.procs["w2"]
+        killed_after = len(_rounds(out))
+        procs.worker(cfg, "w2")  # a new process under the same name
+        wait_for(lambda: [e for e in events(out, "register") if e["rejoin"]], 180,
+                 "the new w2 to register", procs.check_alive_or_ok)
+    finally:
+        w3.send_signal(signal.SIGCONT)
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+
+    assert _rounds(out) == list(range(1, rounds + 1))  # none lost, none repeated
+    by_round = {e["round"]: e for e in events(out, "round")}
+    dropped = [r for r, e in by_round.items() if "w2" in e["missing"]]
+    assert not dropped or min(dropped) >= killed_after, (killed_after, dropped)
+    (rejoin,) = [e for e in events(out, "register") if e["worker"] == "w2" and e["rejoin"]]
+    assert rejoin["phase"] == "training"
+    back = [e["round"] for e in events(out, "worker_round") if e["worker"] == "w2"
+            and e["round"] >= rejoin["round"]]
+    assert back, "the restarted w2 took part in no later round"
+    assert abs(_final_f1(cfg) - _final_f1(reference_cfg)) <= 0.01
+
+
+def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig, procs: Procs
+                                         ) -> None:
+    # A long heartbeat timeout, so that the round deadline (not liveness) drops w2.
+    cfg = _config(make_config, tmp_path, 12, round_deadline=3, heartbeat_timeout=60)
+    out = tmp_path / "out"
+    _run_whole(procs, cfg)
+    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
+    w2 = procs.procs["w2"]
+    w2.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: any("w2" in e["missing"] for e in events(out, "round")), 60,
+                 "a round to close without w2", procs.check_alive_or_ok)
+    finally:
+        w2.send_signal(signal.SIGCONT)
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+
+    rounds = events(out, "round")
+    assert [e["round"] for e in rounds] == list(range(1, 13))
+    assert all(e["n_updates"] <= 3 for e in rounds)
+    (closed,) = [e["round"] for e in rounds if "w2" in e["missing"]][:1]
+    w2_rounds = [e["round"] for e in events(out, "worker_round") if e["worker"] == "w2"]
+    assert closed not in w2_rounds  # its late upload was not counted
+    assert "stale_round" in procs.log("master") or "stale_round" in procs.log("w2")
+    assert any(r > closed for r in w2_rounds), "w2 never came back"
+
+
+def test_master_killed_and_resumed(tmp_path: Path, make_config: MakeConfig, procs: Procs
+                                   ) -> None:
+    rounds = 25
+    cfg = _config(make_config, tmp_path, rounds)
+    out = tmp_path / "out"
+    _run_whole(procs, cfg)
+    wait_for(lambda: len(_rounds(out)) >= 4, 120, "round 4", procs.check_alive_or_ok)
+    workers = {w: procs.procs[w].pid for w in ("w1", "w2", "w3")}
+    procs.procs["master"].send_signal(signal.SIGKILL)
+    procs.procs["master"].wait(timeout=10)
+    del procs.procs["master"]
+    before = _rounds(out)
+    assert before and before[-1] < rounds, "the job ended before the master could be killed"
+    procs.master(cfg, "--resume", name="master2")
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+
+    assert _rounds(out) == list(range(1, rounds + 1))  # no round lost or repeated
+    assert {w: procs.procs[w].pid for w in workers} == workers  # nobody was restarted
+    (resume,) = events(out, "resume")
+    assert resume["completed_round"] in (before[-1], before[-1] + 1)
+    assert json.loads((out / "summary.json").read_text())["rounds"] == rounds
+    assert "the master restarted" in procs.log("w1")
+
+
+def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:
+    """Random, truncated, oversized, wrongly typed and replayed frames; never a well-formed
+    update under a real worker's name (without CURVE anyone could send that; see test_security).
+    """
+    valid = [
+        encode("register", {"worker_id": "intruder", "n_samples": 5, "device": "cpu",
+                            "info": {"input_dim": 384, "classes": ["a", "b"]}}),
+        encode("update", {"worker_id": "intruder", "round": 1, "version": 0, "n_samples": 3,
+                          "metrics": {}}, model),
+        encode("update", {"worker_id": "w1", "round": 10_000, "version": 0, "n_samples": 3,
+                          "metrics": {}}, model),
+        encode("fetch", {"worker_id": "w9"}),
+        encode("ping", {"worker_id": "w1"}),
+        encode("report", {"worker_id": "ghost", "report": {}}),
+    ]
+    valid = [[bytes(memoryview(f)) for f in frames] for frames in valid]
+    out = []
+    for _ in range(10_000):
+        pick = rng.random()
+        frames = [bytes(f) for f in rng.choice(valid)]
+        if pick < 0.25:  # pure noise
+            frames = [rng.randbytes(rng.randint(0, 64)) for _ in range(rng.randint(1, 4))]
+        elif pick < 0.5:  # bit flips in the header
+            h = bytearray(frames[1])
+            for _ in range(rng.randint(1, 8)):
+                h[rng.randrange(len(h))] ^= 1 << rng.randrange(8)
+            frames[1] = bytes(h)
+        elif pick < 0.6:  # truncated
+            frames = frames[: rng.randint(1, len(frames))]
+            frames[-1] = frames[-1][: rng.randint(0, len(frames[-1]))]
+        elif pick < 0.7:  # oversized buffer or extra frames
+            frames = frames + [rng.randbytes(rng.randint(1, 4096))] * rng.randint(1, 3)
+        elif pick < 0.8:  # wrong types in the header
+            frames[1] = msgpack.packb({"v": 1, "kind": rng.choice(["update", "register", 7]),
+                                       "body": rng.choice([[], {"worker_id": 5}, "x", None]),
+                                       "arrays": rng.choice([[], [["a", "<f4", [2]]], "s"])})
+        # else: replayed as is
+        out.append(frames)
+    return out
+
+
+def test_fuzzer_cannot_change_the_result(tmp_path: Path, make_config: MakeConfig, procs: Procs
+                                         ) -> None:
+    rounds = 8
+    reference = _undisturbed(make_config, tmp_path, procs, rounds)
+    cfg = _config(make_config, tmp_path, rounds)
+    out = tmp_path / "out"
+    rep = f"tcp://127.0.0.1:{yaml.safe_load(cfg.read_text())['master']['rep_port']}"
+    procs.master(cfg)
+    ctx = zmq.Context.instance()
+    model = {"0.weight": np.zeros((64, 384), np.float32), "0.bias": np.zeros(64, np.float32),
+             "2.weight": np.zeros((14, 64), np.float32), "2.bias": np.zeros(14, np.float32)}
+    frames = _fuzz_frames(random.Random(1234), model)
+    for w in ("w1", "w2", "w3"):
+        procs.worker(cfg, w)
+    sent = answered = 0
+    sock = None
+    deadline = time.monotonic() + 240
+    for msg in frames:
+        if time.monotonic() > deadline:
+            break
+        if sock is None:
+            sock = ctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(rep)
+        sock.send_multipart(msg)
+        sent += 1
+        if sock.poll(2000):
+            reply = decode(sock.recv_multipart(copy=False))
+            assert reply.kind in ("error", "welcome", "pong", "model", "ack"), reply
+            answered += 1
+        else:  # dropped (e.g. an oversized frame); a new socket for the next one
+            sock.close()
+            sock = None
+    if sock is not None:
+        sock.close()
+    assert sent >= 10_000, f"only {sent} frames sent in time"
+    assert answered >= 0.9 * sent
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    assert _rounds(out) == list(range(1, rounds + 1))
+    with np.load(out / "model.npz") as a, np.load(reference / "model.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for name in a.files:
+            np.testing.assert_array_equal(a[name], b[name])
