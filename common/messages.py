@@ -74,7 +74,8 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
 
 
 #: Names the master's metrics log uses itself: a worker's metric may not take them.
-RESERVED_METRICS = frozenset({"event", "round", "worker", "n_samples", "bytes_out", "time"})
+RESERVED_METRICS = frozenset({"event", "round", "worker", "n_samples", "bytes_out", "upload_s",
+                              "time"})
 MAX_METRICS = 64
 
 

@@ -263,7 +263,8 @@ class Master:
         deadline = self.open.deadline - time.monotonic() if self.open else 0.0
         body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
                 "version": self.version, "meta": payload.meta, "deadline_s": deadline,
-                "participants": self.open.participants if self.open else []}
+                "participants": self.open.participants if self.open else [],
+                "sent_at": time.time()}  # wall clock: latency on one machine's loopback
         if with_setup:
             body["setup"] = self.family.setup_info_
         return body
@@ -292,7 +293,9 @@ class Master:
                             self.family.payload_for(ws.worker_id).arrays)
         self.family.check_update(arrays)
         rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"])
-        rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
+        upload = time.time() - b["sent_at"] if isinstance(b.get("sent_at"), float) else None
+        rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes,
+                                     **({"upload_s": upload} if upload is not None else {})}
         rnd.bytes_in += nbytes
         send(self.rep, M.ACK, {"round": rnd.number, "duplicate": False})
 

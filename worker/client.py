@@ -112,6 +112,7 @@ class Worker:
         self.req: LazyPirateClient | None = None
         self.heartbeat: Heartbeat | None = None
         self._last_upload = time.monotonic()
+        self._received_at = time.time()
         self._sub_bytes = 0
 
     def _request(self, kind: str, body: dict[str, Any], arrays: dict | None = None) -> Message:
@@ -160,6 +161,7 @@ class Worker:
             log.warning("ignored a malformed broadcast: %s", exc)
             return None
         self._sub_bytes += nbytes
+        self._received_at = time.time()
         return msg
 
     def _register(self, announce: Message) -> None:
@@ -239,18 +241,23 @@ class Worker:
         wait_time = received - self._last_upload
         bytes_in = self._sub_bytes
         self._sub_bytes = 0
+        every = self.cfg.eval_every
         t0 = time.perf_counter()
-        scores = self.family.evaluate(body["meta"], msg.arrays)
+        scores = (self.family.evaluate(body["meta"], msg.arrays)
+                  if every and (rnd - 1) % every == 0 else {})
         eval_time = time.perf_counter() - t0
         result = self.family.fit(rnd, body["meta"], msg.arrays)
         metrics = {**{k: float(v) for k, v in scores.items()},
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
+        if isinstance(body.get("sent_at"), float):  # PUB: serialize + wire + queue + decode
+            metrics["broadcast_s"] = max(0.0, self._received_at - body["sent_at"])
         try:
             arrays = self.compressor.compress(result.arrays, msg.arrays)
             reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
                                              "n_samples": result.n_samples, "metrics": metrics,
-                                             "compression": self.compressor.kind}, arrays)
+                                             "compression": self.compressor.kind,
+                                             "sent_at": time.time()}, arrays)
             log.info("round %d: loss %.4f, global model before training macro-F1 %.4f, "
                      "%.3fs training%s", rnd, metrics.get("train_loss", float("nan")),
                      metrics.get("macro_f1", float("nan")), metrics.get("train_time", 0.0),
