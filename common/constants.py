@@ -31,6 +31,9 @@ ANNOUNCE_INTERVAL = 0.2
 
 #: Lazy Pirate: how long a worker waits for a reply before it closes, reopens and resends.
 REQUEST_TIMEOUT = 10.0
+#: Lazy Pirate: bytes per second a request is granted on top of REQUEST_TIMEOUT (a 100 MB
+#: update waits 10 s + 5 s before it is resent).
+MIN_THROUGHPUT = 20e6
 #: Lazy Pirate: how many times a request is sent before the peer is declared unreachable.
 REQUEST_RETRIES = 5
 

@@ -43,9 +43,9 @@ SocketSetup = Callable[[zmq.Socket], None]
 
 def _tune(sock: zmq.Socket, setup: SocketSetup | None = None) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, C.LINGER_MS)
-    # ZMTP heartbeats: a peer that vanished without closing its TCP connection is noticed.
-    sock.setsockopt(zmq.HEARTBEAT_IVL, int(C.HEARTBEAT_INTERVAL * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(C.HEARTBEAT_TIMEOUT * 1000))
+    # No ZMTP heartbeats: the workers' own pings already tell liveness, and libzmq 4.3's
+    # heartbeat timer can trip an assertion on a connection stalled by a slow consumer
+    # (zeromq/libzmq#3937), which killed a worker receiving a 100 MB model.
     sock.copy_threshold = C.ZERO_COPY_THRESHOLD
     if setup is not None:  # security options must be set before bind/connect
         setup(sock)
@@ -158,12 +158,15 @@ class LazyPirateClient:
         """
         frames = encode(kind, body, arrays)
         size = frames_nbytes(frames)
+        # A big upload takes a while to cross and to check: resending it early only doubles
+        # the load, so the wait grows with the size.
+        timeout = self.timeout + size / C.MIN_THROUGHPUT
         for attempt in range(1, self.retries + 1):
             if self._sock is None:
                 self._sock = self._open()
             self._sock.send_multipart(frames, copy=False)
             self.bytes_sent += size
-            if self._sock.poll(int(self.timeout * 1000), zmq.POLLIN):
+            if self._sock.poll(int(timeout * 1000), zmq.POLLIN):
                 reply, nbytes = recv(self._sock)
                 self.bytes_received += nbytes
                 if reply.kind == ERROR:
@@ -171,7 +174,7 @@ class LazyPirateClient:
                                       str(reply.body.get("message", "")))
                 return reply
             log.warning("no reply to %s from %s in %.1fs (attempt %d/%d)", kind, self.endpoint,
-                        self.timeout, attempt, self.retries)
+                        timeout, attempt, self.retries)
             self._sock.close()
             self._sock = None
         raise PeerUnreachable(

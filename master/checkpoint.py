@@ -97,17 +97,19 @@ class CheckpointWriter:
         self.path = Path(folder) / FILENAME
         self.metrics = metrics
         self._lock = threading.Lock()
-        self._pending: tuple[Checkpoint, list[dict[str, Any]]] | None = None
+        self._pending: tuple[Checkpoint | None, list[dict[str, Any]]] | None = None
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
         self._thread.start()
 
-    def submit(self, ckpt: Checkpoint, events: list[dict[str, Any]]) -> None:
-        """Queue ``ckpt`` and the events to log once it is written."""
+    def submit(self, ckpt: Checkpoint | None, events: list[dict[str, Any]]) -> None:
+        """Queue ``ckpt`` (``None``: no checkpoint this round) and the events to log once it
+        is written."""
         with self._wake:
             if self._pending is not None:
+                ckpt = ckpt or self._pending[0]
                 events = self._pending[1] + events
             self._pending = (ckpt, events)
             self._wake.notify_all()
@@ -122,7 +124,8 @@ class CheckpointWriter:
                 (ckpt, events), self._pending = self._pending, None
                 self._busy = True
             try:
-                atomic_write_bytes(self.path, ckpt.to_bytes())
+                if ckpt is not None:
+                    atomic_write_bytes(self.path, ckpt.to_bytes())
             except Exception:  # a full disk must not stop training; the log says so
                 log.exception("could not write checkpoint %s", self.path)
             for e in events:

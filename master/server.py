@@ -418,7 +418,9 @@ class Master:
         self.open = None
         # The round's events reach metrics.jsonl once its checkpoint is on disk, so the log
         # never shows a round that a resumed master would run again.
-        self._checkpoints.submit(self._checkpoint(events), events)
+        every = self.cfg.checkpoint_every
+        due = every and (rnd.number % every == 0 or rnd.number >= self.cfg.rounds)
+        self._checkpoints.submit(self._checkpoint(events) if due else None, events)
         if rnd.number >= self.cfg.rounds or self.family.finished():
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT

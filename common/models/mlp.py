@@ -6,6 +6,7 @@ local-only baseline, and centrally on pooled data for the centralized baseline.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -124,8 +125,11 @@ class MLPClassifier:
 
     def set_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Load weights from named arrays (e.g. the global model just received)."""
-        state = {k: torch.as_tensor(np.array(v, copy=True)) for k, v in arrays.items()}
-        self.model_.load_state_dict(state, strict=True)
+        # from_numpy shares the (read-only) received buffer; load_state_dict makes the one copy.
+        with warnings.catch_warnings():  # torch warns about read-only buffers it only reads
+            warnings.simplefilter("ignore", UserWarning)
+            state = {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+            self.model_.load_state_dict(state, strict=True)
 
     # -- scikit-learn style ----------------------------------------------------------------
     def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None) -> MLPClassifier:
