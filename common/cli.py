@@ -3,6 +3,7 @@
     fedctl master --config cluster.yaml
     fedctl worker --config cluster.yaml --id w1 [--data PATH]
     fedctl run    [--config cluster.yaml] [--workers N]
+    fedctl bench  [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -172,6 +173,20 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
     written = write_keys(folder, names, overwrite=force)
     click.echo(f"{len(written)} key file(s) written to {folder} "
                f"(master + {len(names)} worker(s); existing keys kept unless --force)")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+              add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Timing benchmarks over loopback: centralized vs federated, round anatomy, scaling,
+    compression; writes benchmarks/results/cluster_report.{md,json} and plots.
+
+    Options (see `fedctl bench --help`): --quick, --out DIR, --only SECTIONS, --config FILE.
+    """
+    from common.bench import main as bench_main
+
+    sys.exit(bench_main(list(args)))
 
 
 def _register_subcommands() -> None:
