@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from common.config import ClusterConfig, ConfigError
 from master.families.base import Payload, ServerFamily
+from master.families.fstc import FSTCServer
+from master.families.lda import LDAServer, SentenceLDAServer
 from master.families.mlp import MLPServer
+from master.families.nmf import NMFServer
+from master.families.ntm import CombinedTMServer, ProdLDAServer
 from master.strategies import make_strategy
 
-SERVER_FAMILIES: dict[str, type[ServerFamily]] = {MLPServer.name: MLPServer}
+SERVER_FAMILIES: dict[str, type[ServerFamily]] = {
+    cls.name: cls for cls in (MLPServer, NMFServer, ProdLDAServer, CombinedTMServer,
+                              FSTCServer, LDAServer, SentenceLDAServer)
+}
 
 
 def make_server_family(cfg: ClusterConfig) -> ServerFamily:

@@ -5,9 +5,16 @@ from __future__ import annotations
 from common.config import ClusterConfig, ConfigError
 from common.shards import LocalData
 from worker.families.base import ClientFamily, FitResult
+from worker.families.fstc import FSTCClient
+from worker.families.lda import LDAClient, SentenceLDAClient
 from worker.families.mlp import MLPClient
+from worker.families.nmf import NMFClient
+from worker.families.ntm import CombinedTMClient, ProdLDAClient
 
-CLIENT_FAMILIES: dict[str, type[ClientFamily]] = {MLPClient.name: MLPClient}
+CLIENT_FAMILIES: dict[str, type[ClientFamily]] = {
+    cls.name: cls for cls in (MLPClient, NMFClient, ProdLDAClient, CombinedTMClient,
+                              FSTCClient, LDAClient, SentenceLDAClient)
+}
 
 
 def make_client_family(cfg: ClusterConfig, data: LocalData, device: str, seed: int

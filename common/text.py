@@ -1,0 +1,141 @@
+"""Bags of words for topic models: tokenization, local vocabularies, merging, count matrices.
+
+Every topic-model family tokenizes the same way, through scikit-learn's ``CountVectorizer``:
+lowercase, English stop words removed, tokens are words of at least two letters (no digits or
+underscores). A federated job agrees on one vocabulary before training:
+
+1. each worker sends :func:`local_vocabulary` of its own documents (word -> term and document
+   frequency) with its registration;
+2. the master :func:`merge_vocabularies` into one ordered word list;
+3. each worker builds :func:`bow_matrix` of its documents over that list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.feature_extraction.text import CountVectorizer
+
+__all__ = ["TOKEN_PATTERN", "make_vectorizer", "local_vocabulary", "merge_vocabularies",
+           "bow_matrix"]
+
+#: Words of two or more letters: ``[^\W\d_]`` is a letter in any script.
+TOKEN_PATTERN = r"(?u)\b[^\W\d_][^\W\d_]+\b"
+
+Vocabulary = Mapping[str, Sequence[int]]
+
+
+def make_vectorizer(vocabulary: Sequence[str] | None = None, min_df: int = 1,
+                    max_features: int | None = None, dtype: type = np.float32
+                    ) -> CountVectorizer:
+    """The one ``CountVectorizer`` configuration every topic model uses.
+
+    Parameters
+    ----------
+    vocabulary : sequence of str or None, default None
+        A fixed word list (column order); None learns one from the documents.
+    min_df : int, default 1
+        Ignore words in fewer documents (only when learning the vocabulary).
+    max_features : int or None, default None
+        Keep the most frequent words only (only when learning the vocabulary).
+    dtype : numpy dtype, default numpy.float32
+    """
+    return CountVectorizer(lowercase=True, stop_words="english", token_pattern=TOKEN_PATTERN,
+                           vocabulary=list(vocabulary) if vocabulary is not None else None,
+                           min_df=min_df, max_features=max_features, dtype=dtype)
+
+
+def local_vocabulary(texts: Sequence[str], min_df: int = 1, max_features: int | None = None
+                     ) -> dict[str, tuple[int, int]]:
+    """One worker's vocabulary with frequencies, for the pre-training exchange.
+
+    Parameters
+    ----------
+    texts : sequence of str
+    min_df : int, default 1
+        Leave out words in fewer of this worker's documents.
+    max_features : int or None, default None
+        Keep only this many words, the most frequent.
+
+    Returns
+    -------
+    dict of str to (int, int)
+        word -> (term frequency: occurrences in all documents, document frequency: documents
+        containing it). Plain Python ints, so it travels as msgpack. Empty if no document
+        holds a word (e.g. only stop words).
+    """
+    vec = make_vectorizer(min_df=min_df, max_features=max_features, dtype=np.int64)
+    try:
+        X = vec.fit_transform(list(texts)).tocsc()
+    except ValueError:  # "empty vocabulary": nothing but stop words, digits or punctuation
+        return {}
+    tf = np.asarray(X.sum(axis=0)).ravel()
+    df = np.diff(X.indptr)
+    return {w: (int(tf[i]), int(df[i])) for w, i in vec.vocabulary_.items()}
+
+
+def merge_vocabularies(vocabs: Sequence[Vocabulary], max_size: int | None = None,
+                       min_df: int = 1) -> list[str]:
+    """Agree on one vocabulary from the workers' :func:`local_vocabulary` results.
+
+    The union of the words, each with its summed term and document frequencies. Words in fewer
+    than ``min_df`` documents in all are dropped. The rest are ranked by
+
+        score(w) = (summed term frequency of w) x (number of workers that have w)
+
+    so a word spread over many workers outranks one equally frequent but held by a single
+    worker (whose topics would otherwise crowd the shared vocabulary); ties break
+    alphabetically.
+
+    Parameters
+    ----------
+    vocabs : sequence of mappings word -> (term_freq, doc_freq)
+    max_size : int or None, default None
+        Keep the ``max_size`` best-ranked words (all if None).
+    min_df : int, default 1
+        Fewest documents, summed over workers, a word must appear in.
+
+    Returns
+    -------
+    list of str
+        The agreed words, best-ranked first: the column order of :func:`bow_matrix`.
+    """
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"max_size must be >= 1, got {max_size}")
+    tf: dict[str, int] = {}
+    df: dict[str, int] = {}
+    holders: dict[str, int] = {}
+    for vocab in vocabs:
+        for word, (term_freq, doc_freq) in vocab.items():
+            tf[word] = tf.get(word, 0) + int(term_freq)
+            df[word] = df.get(word, 0) + int(doc_freq)
+            holders[word] = holders.get(word, 0) + 1
+    kept = [w for w in tf if df[w] >= min_df]
+    kept.sort(key=lambda w: (-tf[w] * holders[w], w))
+    return kept if max_size is None else kept[:max_size]
+
+
+def bow_matrix(texts: Sequence[str], vocabulary: Sequence[str], dtype: type = np.float32
+               ) -> sp.csr_matrix:
+    """Word counts of ``texts`` over a fixed ``vocabulary``.
+
+    Parameters
+    ----------
+    texts : sequence of str
+    vocabulary : sequence of str
+        Distinct words; column ``j`` counts ``vocabulary[j]``. Words the tokenizer cannot
+        produce (stop words, one letter) simply stay zero.
+    dtype : numpy dtype, default numpy.float32
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix
+        Shape (len(texts), len(vocabulary)).
+    """
+    if len(set(vocabulary)) != len(vocabulary):
+        raise ValueError("vocabulary holds duplicate words")
+    if not vocabulary:
+        return sp.csr_matrix((len(texts), 0), dtype=dtype)
+    return make_vectorizer(vocabulary, dtype=dtype).transform(list(texts)).tocsr()

@@ -1,0 +1,208 @@
+"""FSTC clustering, master side: the k-FED start, the count-weighted centre aggregation (eq. 16)
+each round, and the sample-weighted average of the client models at the end.
+
+What travels:
+
+* ``register.info``: ``n_clusters``, ``dim`` and, for ``init: kfed``, the worker's local k-means
+  centres (K lists of ``dim`` floats) and their sizes.
+* round 1: ``centers`` (K × dim, the k-FED or pooled k-means centres) and the initial head
+  ``head.weight`` / ``head.bias``; rounds 2…R: ``centers`` only. ``meta.final`` is true in the
+  last round.
+* updates: ``centers`` and ``counts`` (K) every round; in the final round also the worker's
+  model (``head.*``, and ``encoder.*`` when fine-tuned).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sklearn.cluster import KMeans
+
+from common.config import ClusterConfig, ConfigError, build_params
+from common.models.fstc import FSTCClusterer, FSTCParams, aggregate_centers, score_clustering
+from common.models.kfed import combine_centers
+from common.shards import local_data, sentence_features, simulated, worker_seed
+from common.wire import ProtocolError
+from master.families.base import Payload, ServerFamily
+from master.strategies import ClientResult, Strategy
+from master.strategies.aggregate import weighted_average
+
+log = logging.getLogger("fedctl.master")
+
+CENTERS, COUNTS = "centers", "counts"
+MAX_CLUSTERS = 10_000
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class FSTCServer(ServerFamily):
+    """Master side of ``model: {family: fstc}``.
+
+    The ``strategy`` of cluster.yaml is not used: centres are combined by eq. 16 and the final
+    models by their sample counts, as the paper prescribes.
+    """
+
+    name = "fstc"
+
+    def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
+        super().__init__(cfg, strategy)
+        self.params = build_params(FSTCParams, cfg.family_params, f"{cfg.source}: model")
+        if self.params.init == "pooled" and not simulated(cfg):
+            raise ConfigError(f"{cfg.source}: model.init: 'pooled' clusters every worker's "
+                              "representations on the master, which only a simulated cluster "
+                              "(workers sharing data.path) can do; use 'kfed'")
+        self.n_clusters = 0
+        self.dim = 0
+
+    # ------------------------------------------------------------------ joining
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        k, dim = info.get("n_clusters"), info.get("dim")
+        if not _count(k) or not 2 <= k <= MAX_CLUSTERS:
+            raise ProtocolError("register.info.n_clusters: expected a cluster count >= 2",
+                                code="bad_field")
+        if not _count(dim) or not 0 < dim <= 1 << 16:
+            raise ProtocolError("register.info.dim: expected a feature count", code="bad_field")
+        if self.params.init != "kfed":
+            return
+        centers, counts = info.get("centers"), info.get("counts")
+        if (not isinstance(centers, list) or not 0 < len(centers) <= k
+                or not all(isinstance(c, list) and len(c) == dim for c in centers)):
+            raise ProtocolError(f"register.info.centers: expected at most {k} lists of {dim} "
+                                "numbers", code="bad_field")
+        if (not isinstance(counts, list) or len(counts) != len(centers)
+                or not all(_count(n) and n >= 0 for n in counts) or sum(counts) < 1):
+            raise ProtocolError("register.info.counts: expected one count per centre",
+                                code="bad_field")
+        try:
+            arr = np.asarray(centers, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProtocolError("register.info.centers: expected numbers",
+                                code="bad_field") from None
+        if not np.isfinite(arr).all():
+            raise ProtocolError("register.info.centers: NaN or Inf", code="bad_field")
+
+    def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
+        ks = {int(info["n_clusters"]) for info in registrations.values()}
+        dims = {int(info["dim"]) for info in registrations.values()}
+        if len(ks) != 1 or len(dims) != 1:
+            raise ProtocolError(f"workers disagree on K {sorted(ks)} or the feature size "
+                                f"{sorted(dims)}", code="rejected")
+        (k,), (dim,) = ks, dims
+        if self.params.init == "kfed":
+            infos = list(registrations.values())
+            centers = combine_centers([np.asarray(i["centers"]) for i in infos],
+                                      [np.asarray(i["counts"]) for i in infos], k,
+                                      random_state=self.cfg.seed)
+        else:
+            centers = self._pooled_kmeans(k)
+        centers = centers.astype(np.float32)
+        head = FSTCClusterer(k, temperature=self.params.temperature).init_from_centers(centers)
+        self.n_clusters, self.dim = k, dim
+        self.setup_info_ = {"n_clusters": k, "dim": dim}
+        self.global_ = Payload({"final": self.cfg.rounds == 1},
+                               {CENTERS: centers, **head.get_arrays()})
+        log.info("fstc: %d clusters of %d-d representations, %s start from %d worker(s), "
+                 "variant %s", k, dim, self.params.init, len(registrations), self.params.variant)
+        return self.global_
+
+    def _pooled_kmeans(self, k: int) -> np.ndarray:
+        """The paper's start: k-means on every worker's representations (simulation only)."""
+        shards = [local_data(self.cfg, w.name) for w in self.cfg.workers]
+        X = sentence_features(self.cfg, shards[0].dataset)
+        rows = np.concatenate([np.concatenate([s.train_index, s.test_index]) for s in shards])
+        return KMeans(k, n_init=10, random_state=self.cfg.seed).fit(X[rows]).cluster_centers_
+
+    def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:
+        if info.get("n_clusters") != self.n_clusters or info.get("dim") != self.dim:
+            raise ProtocolError(f"K={info.get('n_clusters')}, dim={info.get('dim')} but the "
+                                f"model has K={self.n_clusters}, dim={self.dim}",
+                                code="rejected")
+
+    # ------------------------------------------------------------------ rounds
+    def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """``centers`` (K × dim) and ``counts`` (K), float32; the model's arrays (``head.*``,
+        ``encoder.*``) may come along, as float32 and finite."""
+        k, dim = self.n_clusters, self.dim
+        expect = {CENTERS: (k, dim), COUNTS: (k,), "head.weight": (k, dim), "head.bias": (k,)}
+        for name in (CENTERS, COUNTS):
+            if name not in arrays:
+                raise ProtocolError(f"update without {name!r}", code="shape")
+        for name, a in arrays.items():
+            if name not in expect and not name.startswith("encoder."):
+                raise ProtocolError(f"unexpected array {name!r}", code="shape")
+            if name.startswith("encoder.") and self.params.encoder != "finetune":
+                raise ProtocolError(f"array {name!r}: the encoder is frozen", code="shape")
+            if a.dtype != np.float32:
+                raise ProtocolError(f"array {name!r}: dtype {a.dtype}, expected float32",
+                                    code="dtype")
+            if name in expect and a.shape != expect[name]:
+                raise ProtocolError(f"array {name!r}: shape {a.shape}, expected "
+                                    f"{expect[name]}", code="shape")
+            if not np.isfinite(a).all():
+                raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
+        if (arrays[COUNTS] < 0).any():
+            raise ProtocolError("counts must be >= 0", code="rejected")
+        if ("head.weight" in arrays) != ("head.bias" in arrays):
+            raise ProtocolError("head.weight and head.bias come together", code="shape")
+
+    def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
+        """Eq. 16 for the centres; the sample-weighted average of the models that came with
+        the final round's updates."""
+        centers = aggregate_centers([r.arrays[CENTERS] for r in results],
+                                    [r.arrays[COUNTS] for r in results],
+                                    previous=self.global_.arrays[CENTERS])
+        arrays: dict[str, np.ndarray] = {CENTERS: centers}
+        with_model = [r for r in results if "head.weight" in r.arrays]
+        if with_model:
+            names = set(with_model[0].arrays) - {CENTERS, COUNTS}
+            if any(set(r.arrays) - {CENTERS, COUNTS} != names for r in with_model) or any(
+                    r.arrays[n].shape != with_model[0].arrays[n].shape
+                    for r in with_model for n in names):
+                raise ProtocolError("the workers' models differ in their arrays",
+                                    code="rejected")
+            arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
+                                           [r.n_samples for r in with_model]))
+        self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
+        return self.global_
+
+    # ------------------------------------------------------------------ baselines
+    def simulation_baselines(self) -> dict[str, Any] | None:
+        """Local-only, federated and centralized clusterings scored on each worker's documents
+        and on all of them (frozen encoder only: fine-tuning three more models is a GPU job)."""
+        if not simulated(self.cfg) or self.params.encoder != "frozen":
+            return None
+        cfg, p, k = self.cfg, self.params, self.n_clusters
+        shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
+        first = next(iter(shards.values()))
+        X, y = sentence_features(cfg, first.dataset), first.y
+        rows = {n: np.sort(np.concatenate([s.train_index, s.test_index]))
+                for n, s in shards.items()}
+        everything = np.concatenate(list(rows.values()))
+        budget = cfg.rounds * p.iterations
+        central = p.clusterer(k, random_state=cfg.seed, iterations=budget).fit(X[everything])
+        if "head.weight" in self.global_.arrays:
+            federated = p.clusterer(k).set_arrays(self.global_.arrays).predict(X)
+        else:  # no final model came back: the global centres' clustering
+            C = self.global_.arrays[CENTERS]
+            federated = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(axis=1)
+        central_pred = central.predict(X)
+        pooled = {}
+        for name, r in rows.items():
+            local = p.clusterer(k, random_state=worker_seed(cfg, name), iterations=budget)
+            local.fit(X[r])
+            pooled[f"local-only {name}"] = local.score(X[everything], y[everything])
+        pooled["federated"] = score_clustering(y[everything], federated[everything])
+        pooled["centralized"] = score_clustering(y[everything], central_pred[everything])
+        return {"centralized": {n: score_clustering(y[r], central_pred[r])
+                                for n, r in rows.items()},
+                "pooled": pooled}
+
+    @classmethod
+    def prepare(cls, cfg: ClusterConfig) -> None:
+        if simulated(cfg):
+            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset, progress=True)

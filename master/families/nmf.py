@@ -1,0 +1,136 @@
+"""FedNMF / FedNMF+MI topic model, master side: agree on a vocabulary, start the topics,
+aggregate them with the strategy, keep them non-negative."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig, build_params
+from common.models.nmf import COMPONENTS, NMFParams, heldout_scores
+from common.shards import local_data, simulated, worker_seed
+from common.text import bow_matrix, merge_vocabularies
+from common.wire import ProtocolError
+from master.families.base import Payload, ServerFamily
+from master.strategies import ClientResult, Strategy
+from master.strategies.aggregate import weighted_average
+
+log = logging.getLogger("fedctl.master")
+
+#: Most words one worker may put in its registration.
+MAX_LOCAL_WORDS = 1_000_000
+
+
+class NMFServer(ServerFamily):
+    """Master side of ``model: {family: nmf}``.
+
+    The pre-training exchange merges the workers' vocabularies
+    (:func:`common.text.merge_vocabularies`, ``vocab_size`` words in at least ``min_df``
+    documents) and draws the initial topics C with ``cfg.seed``, non-negative and scaled to
+    the average count the workers reported. The payload is C (``"components"``) and, with
+    ``mi_weight`` > 0, the critic (``"critic.*"``); every strategy applies to all of them.
+
+    A server optimizer (FedAdagrad, FedYogi, FedAdam) steps along the pseudo-gradient and can
+    leave C with negative entries, which NMF does not allow: after aggregation C is projected
+    back onto C >= 0 (clipped at 0), as the clients do after every local step.
+
+    The critic is averaged (weighted by the workers' document counts) whatever the strategy,
+    unless ``critic_aggregation: strategy``. A FedOpt step moves every coordinate by up to
+    about eta (0.1 for FedAdam) per round, while the critic's weights start near
+    1/sqrt(V) ~ 0.02: stepped like C, the critic is scrambled every round and its gradients
+    then push H anywhere. On 3,000 stackoverflow titles (K = 10, alpha = 1, C = 0.2, 50
+    rounds of 2 local epochs) FedAdam+MI with the critic stepped by FedAdam collapsed the
+    topics (diversity 0.15, macro-F1 0.57) where the averaged critic kept them (diversity
+    0.77, macro-F1 0.79, as FedAdam without MI). The topics C always follow the strategy.
+    """
+
+    name = "nmf"
+
+    def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
+        super().__init__(cfg, strategy)
+        self.params: NMFParams = build_params(NMFParams, cfg.family_params,
+                                              f"{cfg.source}: model")
+
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        vocab, n_docs = info.get("vocabulary"), info.get("n_docs")
+        if not isinstance(n_docs, int) or isinstance(n_docs, bool) or n_docs < 0:
+            raise ProtocolError("register.info.n_docs: expected a document count",
+                                code="bad_field")
+        if not isinstance(vocab, dict) or len(vocab) > MAX_LOCAL_WORDS:
+            raise ProtocolError("register.info.vocabulary: expected a map word -> "
+                                "[term_freq, doc_freq]", code="bad_field")
+        for word, freqs in vocab.items():
+            if (not isinstance(word, str) or not word or not isinstance(freqs, (list, tuple))
+                    or len(freqs) != 2
+                    or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0
+                               for f in freqs)):
+                raise ProtocolError(f"register.info.vocabulary[{str(word)[:40]!r}]: expected "
+                                    "[term_freq, doc_freq], two counts", code="bad_field")
+
+    def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
+        p = self.params
+        vocabs = [info["vocabulary"] for info in registrations.values()]
+        vocab = merge_vocabularies(vocabs, max_size=p.vocab_size, min_df=p.min_df)
+        if not vocab:
+            raise ProtocolError(f"no word is in {p.min_df} or more of the workers' documents",
+                                code="rejected")
+        kept = set(vocab)
+        counts = sum(int(tf) for v in vocabs for w, (tf, _) in v.items() if w in kept)
+        n_docs = sum(int(info["n_docs"]) for info in registrations.values())
+        mean = counts / max(n_docs * len(vocab), 1)
+        model = p.model(random_state=self.cfg.seed).initialize(len(vocab), mean)
+        self.setup_info_ = {"vocabulary": vocab}
+        self.global_ = Payload({}, model.get_arrays())
+        log.info("nmf: %d words agreed from %d vocabularies, %d topics, MI weight %g, "
+                 "%d parameters", len(vocab), len(vocabs), p.n_topics, p.mi_weight,
+                 sum(a.size for a in self.global_.arrays.values()))
+        return self.global_
+
+    def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
+        if self.params.critic_aggregation == "strategy" or len(self.global_.arrays) == 1:
+            arrays = self.strategy.aggregate(self.global_.arrays, results)
+        else:
+            # The strategy steps the topics; the critic is averaged (see the class notes).
+            arrays = self.strategy.aggregate(
+                {COMPONENTS: self.global_.arrays[COMPONENTS]},
+                [ClientResult(r.worker_id, {COMPONENTS: r.arrays[COMPONENTS]}, r.n_samples)
+                 for r in results])
+            arrays.update(weighted_average(
+                [{k: v for k, v in r.arrays.items() if k != COMPONENTS} for r in results],
+                [r.n_samples for r in results]))
+        arrays[COMPONENTS] = np.maximum(arrays[COMPONENTS], 0)  # FedOpt may step below 0
+        self.global_ = Payload(self.global_.meta, arrays)
+        return self.global_
+
+    def simulation_baselines(self) -> dict[str, Any] | None:
+        if not simulated(self.cfg) or not self.setup_info_:
+            return None
+        cfg, p = self.cfg, self.params
+        vocab = self.setup_info_["vocabulary"]
+        shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
+        first = next(iter(shards.values()))
+        X = bow_matrix(first.dataset.texts, vocab)
+        y = np.asarray(first.y)
+        epochs = cfg.rounds * p.local_epochs
+        train = np.concatenate([s.train_index for s in shards.values()])
+        test = np.concatenate([s.test_index for s in shards.values()])
+        central = p.model(random_state=cfg.seed).fit(X[train], epochs=epochs)
+        federated = p.model()
+        federated.set_arrays(self.global_.arrays)
+
+        def scores(model: Any, tr: np.ndarray, te: np.ndarray) -> dict[str, float]:
+            return heldout_scores(model, X[tr], y[tr], X[te], y[te], cfg.seed)
+
+        pooled = {}
+        for name, s in shards.items():
+            local = p.model(random_state=worker_seed(cfg, name))
+            local.fit(X[s.train_index], epochs=epochs)
+            pooled[f"local-only {name}"] = scores(local, train, test)
+        pooled["federated"] = scores(federated, train, test)
+        pooled["centralized"] = scores(central, train, test)
+        return {"centralized": {name: scores(central, s.train_index, s.test_index)
+                                for name, s in shards.items()},
+                "pooled": pooled}

@@ -1,0 +1,265 @@
+"""FSTC clustering: optimal-transport pseudo-labels, the Gaussian-uniform mixture, centre
+aggregation, k-FED and the federated vocabulary, and a real 3-worker cluster.
+
+The data-driven tests use the committed ``data/stackoverflow_subset`` (1,200 StackOverflow titles,
+20 tags) embedded once per session with the real all-MiniLM-L6-v2 model; the cluster test runs
+real ``fedctl`` processes over TCP loopback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from common.clustering_metrics import clustering_accuracy
+from common.data import partition, read_jsonl
+from common.models.fstc import (
+    FederatedFSTC,
+    FSTCClusterer,
+    FSTCParams,
+    GaussianUniformMixture,
+    aggregate_centers,
+    hard_centers,
+    pseudo_labels,
+    refresh_schedule,
+    robust_weights,
+    sharpen,
+    sinkhorn,
+)
+from common.models.kfed import FederatedVocabulary, KFed
+from tests.conftest import ROOT, MakeConfig, Procs, events
+
+SUBSET = ROOT / "data" / "stackoverflow_subset" / "stackoverflow_subset.jsonl"
+K = 20
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Pseudo-labels by optimal transport
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, k, scale", [(500, 7, 1.0), (300, 20, 5.0), (64, 3, 30.0)])
+def test_sinkhorn_meets_both_marginals(n: int, k: int, scale: float) -> None:
+    rng = np.random.default_rng(n)
+    # A skewed model: most rows prefer cluster 0, so the transport must move mass.
+    z = scale * rng.normal(size=(n, k)) + np.linspace(2, 0, k)
+    xi = sinkhorn(np.log(_softmax(z)), epsilon=0.1)
+    assert xi.shape == (n, k) and (xi >= 0).all()
+    np.testing.assert_allclose(xi.sum(axis=1), 1 / n, rtol=1e-9)
+    np.testing.assert_allclose(xi.sum(axis=0), 1 / k, rtol=1e-5)
+    Q = sharpen(xi)
+    np.testing.assert_allclose(Q.sum(axis=1), 1, rtol=1e-12)
+    assert (Q.argmax(axis=1) == xi.argmax(axis=1)).all()
+    # Equal partition: each cluster gets about n/k hard labels, though the model is skewed.
+    sizes = np.bincount(Q.argmax(axis=1), minlength=k)
+    assert np.bincount(z.argmax(axis=1), minlength=k).max() > sizes.max()
+    assert sizes.max() <= 2 * n / k
+
+
+def test_sinkhorn_keeps_confident_balanced_assignments() -> None:
+    # Rows already split evenly and confidently: the transport must not move them.
+    y = np.arange(400) % 4
+    log_p = np.log(_softmax(8.0 * np.eye(4)[y]))
+    assert (pseudo_labels(log_p).argmax(axis=1) == y).all()
+
+
+def test_refresh_schedule_is_logarithmic() -> None:
+    steps = refresh_schedule(4000, 40)
+    assert steps[0] == 0 and steps[-1] == 3999 and len(steps) <= 40
+    assert (np.diff(steps) > 0).all()
+    assert (steps < 1000).sum() > 3 * (steps >= 3000).sum()  # dense early, sparse late
+
+
+# --------------------------------------------------------------------------------------------
+# Robust weighting
+# --------------------------------------------------------------------------------------------
+
+
+def _planted(n: int = 2000, k: int = 10, noise: float = 0.2, seed: int = 0
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Model outputs P, pseudo-labels Q agreeing with them, and a planted share of wrong ones."""
+    rng = np.random.default_rng(seed)
+    P = _softmax(2.0 * rng.normal(size=(n, k)))
+    Q = sharpen(sharpen(P))  # right: more confident than P, same cluster
+    noisy = rng.random(n) < noise
+    other = (P.argmax(axis=1) + rng.integers(1, k, size=n)) % k
+    Q[noisy] = np.eye(k)[other[noisy]]  # wrong: confidently another cluster
+    return P, Q, noisy
+
+
+def test_mixture_posterior_separates_planted_noisy_labels() -> None:
+    P, Q, noisy = _planted()
+    gum = GaussianUniformMixture().fit(Q - P)
+    r = gum.posterior_
+    assert (r[~noisy] >= 0.5).mean() > 0.95
+    assert (r[noisy] < 0.5).mean() > 0.95
+    assert gum.pi_ == pytest.approx(1 - noisy.mean(), abs=0.05)
+    w = gum.weights()
+    assert ((w == 0) | (w >= 0.5)).all() and (w[noisy] == 0).mean() > 0.95
+    np.testing.assert_allclose(gum.posterior(Q - P), r)
+
+
+def test_robust_weights_per_pseudo_label_drop_the_planted_noise() -> None:
+    P, Q, noisy = _planted(seed=1)
+    w, pi = robust_weights(Q, P)
+    assert (w[noisy] == 0).mean() > 0.95
+    assert (w[~noisy] > 0).mean() > 0.95
+    assert pi == pytest.approx(1 - noisy.mean(), abs=0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# Centres
+# --------------------------------------------------------------------------------------------
+
+
+def test_hard_centers_and_eq16_aggregation() -> None:
+    H = np.array([[0.0, 0.0], [2.0, 0.0], [0.0, 4.0]])
+    centers, counts = hard_centers(H, np.array([0, 0, 2]), 3)
+    np.testing.assert_allclose(centers, [[1, 0], [0, 0], [0, 4]])
+    np.testing.assert_array_equal(counts, [2, 0, 1])
+
+    a, na = np.array([[1.0, 1.0], [0.0, 0.0], [5.0, 5.0]]), np.array([3.0, 0.0, 1.0])
+    b, nb = np.array([[3.0, 3.0], [0.0, 0.0], [1.0, 1.0]]), np.array([1.0, 0.0, 3.0])
+    previous = np.full((3, 2), 7.0)
+    out = aggregate_centers([a, b], [na, nb], previous)
+    np.testing.assert_allclose(out[0], [1.5, 1.5])  # (3·1 + 1·3) / 4
+    np.testing.assert_allclose(out[2], [2.0, 2.0])  # (1·5 + 3·1) / 4
+    np.testing.assert_allclose(out[1], [7.0, 7.0])  # nobody holds cluster 1: kept
+
+
+def test_params_refuse_bad_settings() -> None:
+    with pytest.raises(ValueError, match="variant"):
+        FSTCParams(variant="xstc")
+    with pytest.raises(ValueError, match="encoder"):
+        FSTCParams(encoder="gpu")
+    with pytest.raises(ValueError, match="n_clusters"):
+        FSTCParams(n_clusters=1)
+    assert FSTCParams().clusterer(5).n_clusters == 5
+
+
+# --------------------------------------------------------------------------------------------
+# On real data: the committed StackOverflow subset, embedded by the real model
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def subset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A session-wide embedding cache holding the 1,200 titles (filled once)."""
+    from common.data import embed_texts
+
+    cache = tmp_path_factory.mktemp("fstc_cache")
+    embed_texts(read_jsonl(SUBSET).texts, cache_dir=cache, device="cpu", progress=False)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def subset(subset_cache: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    from common.data import embed_texts
+
+    ds = read_jsonl(SUBSET)
+    X = embed_texts(ds.texts, cache_dir=subset_cache, progress=False)
+    y = np.unique(ds.labels, return_inverse=True)[1]
+    assert X.shape == (1200, 384) and len(np.unique(y)) == K
+    return X, y, ds.texts
+
+
+def test_fstc_trains_above_its_kmeans_start(subset: tuple) -> None:
+    X, y, _ = subset
+    model = FSTCClusterer(K, variant="stc", iterations=600, random_state=0)
+    model._init_kmeans(X)
+    start = clustering_accuracy(y, model.predict(X))
+    model.fit(X)
+    assert model.n_iter_ == 600 and len(model.history_) == 1
+    assert clustering_accuracy(y, model.predict(X)) > start + 0.005
+    assert model.cluster_centers_.shape == (K, 384) and model.counts_.sum() == len(X)
+    # The equal-partition prior: no cluster ends up more than twice its share.
+    assert np.bincount(model.predict(X), minlength=K).max() < 2 * len(X) / K
+    # Its arrays round-trip into a fresh model with the same clustering.
+    again = FSTCClusterer(K).set_arrays(model.get_arrays())
+    assert (again.predict(X) == model.predict(X)).all()
+
+
+def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:
+    X, y, _ = subset
+    parts = partition(y, 3, scheme="iid", seed=0)
+    fed = FederatedFSTC(FSTCParams(iterations=100, align_weight=0.01), K, rounds=4,
+                        random_state=0).fit([X[p] for p in parts])
+    start = FSTCClusterer(K).init_from_centers(fed.init_centers_).predict(X)
+    assert clustering_accuracy(y, fed.predict(X)) > clustering_accuracy(y, start)
+    assert all(c.n_iter_ == 400 for c in fed.clients_)
+    assert [h["loss_align"] > 0 for h in fed.clients_[0].history_] == [True] * 4
+
+
+def test_kfed_and_federated_vocabulary(subset: tuple) -> None:
+    X, y, texts = subset
+    parts = partition(y, 4, scheme="iid", seed=0)
+    kfed = KFed(K, random_state=0).fit([X[p] for p in parts])
+    assert kfed.cluster_centers_.shape == (K, 384)
+    assert [len(c) for c in kfed.local_centers_] == [K] * 4
+    acc = clustering_accuracy(y, kfed.predict(X))
+    central = clustering_accuracy(y, KMeans(K, n_init=10, random_state=0).fit_predict(X))
+    assert acc > 0.5 and acc > central - 0.1  # one-shot federated is close to central
+
+    # The agreed vocabulary and IDF from the clients' counts equal a central TF-IDF's.
+    client_texts = [[texts[i] for i in p] for p in parts]
+    fv = FederatedVocabulary("tfidf", min_df=2).fit(client_texts)
+    ref = TfidfVectorizer(stop_words="english", min_df=2).fit(texts)
+    assert fv.vocabulary_ == ref.vocabulary_
+    np.testing.assert_allclose(fv.transform(texts[:50]).toarray(),
+                               ref.transform(texts[:50]).toarray(), atol=1e-12)
+    bow = FederatedVocabulary("bow").fit(client_texts).transform(["svn svn commit"])
+    assert bow.sum() == 3
+
+
+# --------------------------------------------------------------------------------------------
+# A real cluster: master and three workers over TCP loopback
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fstc_cluster_raises_acc_above_its_initialization(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs, subset_cache: Path) -> None:
+    rounds, iterations = 4, 100
+    cfg = make_config(tmp_path, workers=3, rounds=rounds,
+                      model={"family": "fstc", "iterations": iterations, "align_weight": 0.01},
+                      data={"path": str(SUBSET), "task": "multiclass", "partition": "iid",
+                            "limit": None, "cache_dir": str(subset_cache)})
+    out = tmp_path / "out"
+    procs.master(cfg)
+    for w in ("w1", "w2", "w3"):
+        procs.worker(cfg, w)
+    codes = procs.wait_all(timeout=240)
+    assert codes == {"master": 0, "w1": 0, "w2": 0, "w3": 0}, procs.logs_tail()
+
+    rounds_ev = events(out, "round")
+    assert [e["n_updates"] for e in rounds_ev] == [3] * rounds
+    centers_bytes = K * 384 * 4
+    # Round 1 carries the centres and the initial head; later rounds the centres alone.
+    assert rounds_ev[0]["broadcast_bytes"] > 2 * centers_bytes
+    assert all(centers_bytes < e["broadcast_bytes"] < 1.5 * centers_bytes
+               for e in rounds_ev[1:])
+    # Workers upload centres and counts; in the last round their head as well.
+    by_round = {r: [e for e in events(out, "worker_round") if e["round"] == r]
+                for r in range(1, rounds + 1)}
+    assert all(centers_bytes < e["bytes_out"] < 1.5 * centers_bytes for e in by_round[1])
+    assert all(e["bytes_out"] > 2 * centers_bytes for e in by_round[rounds])
+
+    # ACC of round 1 (the k-FED start, scored before any training) against the final model.
+    start = np.mean([e["accuracy"] for e in by_round[1]])
+    summary = json.loads((out / "summary.json").read_text())
+    final = np.mean([r["federated_accuracy"] for r in summary["comparison"]])
+    assert final > start, (start, final)
+    assert np.mean([e["local_accuracy"] for e in by_round[rounds]]) > start
+    with np.load(out / "model.npz") as npz:
+        assert {n: npz[n].shape for n in npz.files} == {
+            "centers": (K, 384), "head.weight": (K, 384), "head.bias": (K,)}

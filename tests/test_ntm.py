@@ -1,0 +1,285 @@
+"""Federated neural topic models (ProdLDA, CombinedTM): the model, the synthetic LDA corpus and
+its scores, and real clusters (``fedctl run``: master and workers as separate processes over TCP
+loopback) in both training modes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from common.config import ConfigError, build_params, load_config, parse_config
+from common.models.ntm import (
+    NeuralTopicModel,
+    NTMParams,
+    batch_schedule,
+    simulate_sync,
+    simulate_union,
+)
+from common.shards import local_data, worker_seed
+from common.synthetic_lda import (
+    document_similarity_score,
+    make_federated_lda,
+    topic_similarity_score,
+)
+from common.text import bow_matrix
+from tests.conftest import ROOT, MakeConfig, child_env, events, fedctl_cmd, kill_tree
+
+
+def _run(cfg: Path, cache: Path, timeout: float = 150) -> None:
+    proc = subprocess.Popen(fedctl_cmd("run", "--config", str(cfg)), cwd=ROOT,
+                            env=child_env(cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, f"fedctl run failed:\n{stderr[-3000:]}"
+
+
+def _final(out: Path) -> tuple[dict[str, np.ndarray], dict]:
+    with np.load(out / "model.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    return arrays, json.loads((out / "model.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: the machine's few cores are shared, and more threads only contend."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------------------------
+
+
+def test_params_are_validated() -> None:
+    assert build_params(NTMParams, {"mode": "fedavg", "n_topics": 5}, "m").n_topics == 5
+    with pytest.raises(ConfigError, match="mode"):
+        build_params(NTMParams, {"mode": "async"}, "m")
+    with pytest.raises(ConfigError, match="dropout"):
+        build_params(NTMParams, {"dropout": 1.5}, "m")
+    with pytest.raises(ConfigError, match="unknown field"):
+        build_params(NTMParams, {"topics": 5}, "m")
+
+
+@pytest.mark.parametrize("contextual_size", [0, 8])
+def test_model_api_fit_transform_topics_save_load(tmp_path: Path, contextual_size: int) -> None:
+    corpus = make_federated_lda(n_nodes=1, vocab_size=60, n_topics=4, n_shared=4,
+                                docs_per_node=120, eta=0.05, alpha=0.3, random_state=1)
+    X = corpus.X[0]
+    # An informative "embedding": a random projection of the word frequencies.
+    freqs = X.toarray() / X.sum(1).A
+    ctx = (freqs @ np.random.default_rng(0).normal(size=(60, contextual_size)) * 10
+           if contextual_size else None)
+    # A larger step than the reference's 2e-3 so that a few hundred steps suffice.
+    model = NeuralTopicModel(n_topics=4, contextual_size=contextual_size, lr=0.02, beta1=0.9,
+                             batch_size=32, random_state=3)
+    before = model.initialize(60).perplexity(X, ctx)
+    assert model.fit(X, ctx, epochs=60) is model
+    model.vocabulary_ = corpus.vocabulary
+    assert model.perplexity(X, ctx) < 0.9 * before  # training lowers the bound
+    theta = model.transform(X, ctx)
+    assert theta.shape == (120, 4) and np.allclose(theta.sum(1), 1)
+    assert model.get_topic_word_matrix().shape == (4, 60)
+    dist = model.get_topic_word_distribution()
+    assert np.allclose(dist.sum(1), 1)
+    topics = model.get_topics(5)
+    assert len(topics) == 4 and all(len(t) == 5 for t in topics)
+    model.save(tmp_path / "ntm.npz")
+    again = NeuralTopicModel.load(tmp_path / "ntm.npz")
+    assert again.get_topics(5) == topics
+    np.testing.assert_allclose(again.transform(X, ctx), theta, atol=1e-6)
+
+
+def test_batch_schedule_covers_every_row_each_epoch() -> None:
+    it = batch_schedule(10, 4, random_state=0)
+    epoch = np.concatenate([next(it) for _ in range(3)])
+    assert sorted(epoch.tolist()) == list(range(10))
+    again = batch_schedule(10, 4, random_state=0)
+    assert np.array_equal(next(again), epoch[:4])
+
+
+def test_sync_simulation_equals_union_batches_without_randomness() -> None:
+    c = make_federated_lda(n_nodes=3, vocab_size=200, n_topics=6, n_shared=3,
+                           docs_per_node=60, eta=0.05, random_state=0)
+    shards = [(X, None) for X in c.X]
+    ids = [np.arange(60) + 60 * i for i in range(3)]
+    exact = NTMParams(n_topics=6, dropout=0.0, batch_stats=False, doc_noise=True,
+                      batch_size=16)
+    fed = simulate_sync(shards, exact, 50, doc_ids=ids).get_arrays()
+    central = simulate_union(shards, exact, 50, doc_ids=ids).get_arrays()
+    for name in fed:
+        np.testing.assert_allclose(fed[name], central[name], rtol=0, atol=1e-5, err_msg=name)
+    # With the reference's randomness (dropout, batch statistics, shared noise) they differ.
+    noisy = NTMParams(n_topics=6, batch_size=16)
+    a = simulate_sync(shards, noisy, 5).get_arrays()["beta"]
+    b = simulate_union(shards, noisy, 5).get_arrays()["beta"]
+    assert np.abs(a - b).max() > 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic corpus, DSS and TSS
+# --------------------------------------------------------------------------------------------
+
+
+def test_synthetic_corpus_shapes_and_scores() -> None:
+    c = make_federated_lda(n_nodes=3, vocab_size=100, n_topics=9, n_shared=3,
+                           docs_per_node=40, eta=0.1, random_state=0)
+    assert len(c.X) == 3 and all(X.shape == (40, 100) for X in c.X)
+    lengths = np.concatenate([np.asarray(X.sum(1)).ravel() for X in c.X])
+    assert lengths.min() >= 150 and lengths.max() <= 250
+    for node, (theta, idx) in enumerate(zip(c.theta, c.node_topics, strict=True)):
+        assert list(idx[:3]) == [0, 1, 2] and len(idx) == 5  # 3 shared + (9 - 3) / 3 private
+        others = np.setdiff1d(np.arange(9), idx)
+        assert np.all(theta[:, others] == 0) and np.allclose(theta.sum(1), 1), node
+    assert np.allclose(c.beta.sum(1), 1)
+    # The truth scores perfectly; a uniform guess does not.
+    assert document_similarity_score(c.theta[0], c.theta[0]) == pytest.approx(0)
+    assert document_similarity_score(c.theta[0], np.ones((40, 9))) > 1
+    assert topic_similarity_score(c.beta, c.beta) == pytest.approx(9)
+    assert topic_similarity_score(c.beta, np.ones((9, 100))) < 5
+    with pytest.raises(ValueError, match="divisible"):
+        make_federated_lda(n_nodes=4, n_topics=9, n_shared=3)
+
+
+def test_federated_beats_non_collaborative_for_few_shared_topics() -> None:
+    # 3 nodes, 30 topics of which 3 shared: alone, a node sees 12 of them.
+    c = make_federated_lda(n_nodes=3, vocab_size=400, n_topics=30, n_shared=3,
+                           docs_per_node=150, eta=0.01, random_state=0)
+    p = NTMParams(n_topics=30, lr=0.01, beta1=0.9)  # a larger step: 200 steps suffice
+    steps = 200
+    fed = simulate_sync([(X, None) for X in c.X], p, steps, random_state=0)
+    local = [p.model(random_state=1 + i).fit(X, steps=steps) for i, X in enumerate(c.X)]
+    dss_fed = np.mean([document_similarity_score(th, fed.transform(X))
+                       for X, th in zip(c.X, c.theta, strict=True)])
+    dss_local = np.mean([document_similarity_score(th, m.transform(X))
+                         for X, th, m in zip(c.X, c.theta, local, strict=True)])
+    tss_fed = topic_similarity_score(c.beta, fed.get_topic_word_distribution())
+    tss_local = np.mean([topic_similarity_score(c.beta, m.get_topic_word_distribution())
+                         for m in local])
+    assert dss_fed < dss_local, (dss_fed, dss_local)
+    assert tss_fed > tss_local, (tss_fed, tss_local)
+
+
+# --------------------------------------------------------------------------------------------
+# real clusters
+# --------------------------------------------------------------------------------------------
+
+EXACT = {"family": "prodlda", "mode": "sync", "n_topics": 8, "vocab_size": 300,
+         "dropout": 0.0, "batch_stats": False, "doc_noise": True,
+         "batch_size": 16}
+
+
+@pytest.mark.slow
+def test_sync_cluster_equals_centralized_training_on_the_union_batches(
+        tmp_path: Path, make_config: MakeConfig, embed_cache: Path) -> None:
+    steps = 50
+    cfg_path = make_config(tmp_path, workers=3, rounds=steps, model=EXACT)
+    _run(cfg_path, embed_cache)
+    out = tmp_path / "out"
+    fed, meta = _final(out)
+    rounds = events(out, "round")
+    assert [e["round"] for e in rounds] == list(range(1, steps + 1))
+    assert all(e["n_updates"] == 3 for e in rounds)
+
+    # Centralized: one model from the same seed, one Adam step per round on the union of the
+    # batches the three workers drew (each in its own seeded order), same per-document noise.
+    cfg = load_config(cfg_path)
+    vocab = meta["setup"]["vocabulary"]
+    params = build_params(NTMParams, cfg.family_params, "model")
+    central = params.model(0, cfg.seed).initialize(len(vocab))
+    shards = [local_data(cfg, w.name) for w in cfg.workers]
+    texts = shards[0].dataset.texts
+    X_all = bow_matrix(texts, vocab)
+    orders = [(s.train_index, batch_schedule(s.n_train, params.batch_size,
+                                             worker_seed(cfg, w.name)))
+              for s, w in zip(shards, cfg.workers, strict=True)]
+    for t in range(steps):
+        ids = np.concatenate([idx[next(order)] for idx, order in orders])
+        loss = central.batch_loss(X_all, None, ids, doc_ids=ids, step=t)
+        central.optimizer_.zero_grad(set_to_none=True)
+        loss.backward()
+        central.optimizer_.step()
+    ref = central.get_arrays()
+    assert set(fed) == set(ref)
+    moved = max(float(np.abs(ref[n] - central_init).max()) for n, central_init in
+                params.model(0, cfg.seed).initialize(len(vocab)).get_arrays().items())
+    assert moved > 1e-2  # 50 steps did change the weights
+    for name in ref:
+        np.testing.assert_allclose(fed[name], ref[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_combinedtm_fedavg_cluster_reports_topic_scores(
+        tmp_path: Path, make_config: MakeConfig, embed_cache: Path) -> None:
+    cfg_path = make_config(tmp_path, workers=2, rounds=3, baselines=True,
+                           model={"family": "combinedtm", "mode": "fedavg", "n_topics": 6,
+                                  "vocab_size": 400, "local_epochs": 2})
+    _run(cfg_path, embed_cache)
+    out = tmp_path / "out"
+    arrays, meta = _final(out)
+    vocab = meta["setup"]["vocabulary"]
+    assert arrays["beta"].shape == (6, len(vocab)) and len(vocab) <= 400
+    assert arrays["hidden.0.weight"].shape == (100, len(vocab) + 384)  # BoW + embedding
+    wr = events(out, "worker_round")
+    assert {e["round"] for e in wr} == {1, 2, 3}
+    ppl = {r: np.mean([e["perplexity"] for e in wr if e["round"] == r]) for r in (1, 3)}
+    assert ppl[3] < ppl[1], ppl  # the global model gets better on held-out documents
+    summary = json.loads((out / "summary.json").read_text())
+    for row in summary["comparison"]:
+        assert 0 <= row["federated_macro_f1"] <= 1 and 0 <= row["local_only_macro_f1"] <= 1
+    model = NeuralTopicModel(n_topics=6, contextual_size=384).set_arrays(arrays)
+    X = sp.random(4, len(vocab), density=0.1, format="csr", random_state=0)
+    assert model.transform(X, np.zeros((4, 384))).shape == (4, 6)
+
+
+def test_master_steps_adam_on_weighted_gradients_and_stops_on_tol() -> None:
+    from master.families.ntm import ProdLDAServer
+    from master.strategies import ClientResult, make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 100,
+                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
+                                  "min_df": 1, "tol": 1e-3, "eval_every": 10,
+                                  "beta1": 0.5}}, "<test>")
+    server = ProdLDAServer(cfg, make_strategy("fedavg"))
+    regs = {w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)}, "n_docs": 5}
+            for i, w in enumerate(["w1", "w2"])}
+    first = server.setup(regs)
+    assert len(server.setup_info_["vocabulary"]) == 31 and first.meta["evaluate"]
+    # Two workers' "gradients": the step must follow their batch-size-weighted mean.
+    model = NTMParams(n_topics=3, beta1=0.5).model(0, cfg.seed).initialize(31)
+    names = model.param_names()
+    g1 = {n: np.ones_like(a) if n in names else a for n, a in first.arrays.items()}
+    g2 = {n: -np.ones_like(a) if n in names else a for n, a in first.arrays.items()}
+    with pytest.raises(Exception, match="NaN"):
+        server.check_update({**g1, "beta": np.full_like(g1["beta"], np.nan)})
+    server.check_update(g1)
+    new = server.aggregate(1, [ClientResult("w1", g1, 30), ClientResult("w2", g2, 10)])
+    model.apply_gradients({n: 0.5 * np.ones_like(first.arrays[n]) for n in names})
+    np.testing.assert_allclose(new.arrays["beta"], model.get_arrays()["beta"], atol=1e-6)
+    assert not new.meta["evaluate"] and not server.finished()
+    # Zero gradients from here on: Adam's momentum decays, the steps shrink below tol.
+    zero = {n: np.zeros_like(a) if n in names else a for n, a in first.arrays.items()}
+    for r in range(2, 100):
+        server.aggregate(r, [ClientResult("w1", zero, 4)])
+        if server.finished():
+            break
+    assert 2 < r < 100 and server.changes_[-1] < 1e-3 <= server.changes_[0]
+    assert server.global_.meta["evaluate"]  # the last step is scored
+    meta, arrays = server.state()
+    again = ProdLDAServer(cfg, make_strategy("fedavg"))
+    again.setup_info_, again.global_ = server.setup_info_, server.global_
+    again.load_state(meta, arrays)
+    assert again.changes_ == server.changes_

@@ -1,0 +1,117 @@
+"""FSTC clustering, worker side: local k-means for the k-FED start, local training against the
+global centres, hard centres and counts each round, the head once at the end.
+
+Clustering is transductive and unsupervised: a worker trains on all its documents (its train
+and test rows: no label is read in training, so holding rows out protects nothing) and scores
+the clustering of all of them against their labels (ACC, NMI, macro-F1 after the Hungarian
+mapping).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig, build_params
+from common.models.fstc import FSTCClusterer, FSTCParams, score_clustering
+from common.models.kfed import local_kmeans
+from common.shards import LocalData, sentence_features
+from worker.families.base import ClientFamily, FitResult
+
+#: Arrays a worker uploads every round; the model's own (``head.*``, ``encoder.*``) come last.
+CENTERS, COUNTS = "centers", "counts"
+
+
+class FSTCClient(ClientFamily):
+    """Worker side of ``model: {family: fstc}``."""
+
+    name = "fstc"
+
+    def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        super().__init__(cfg, data, device, seed)
+        self.params = build_params(FSTCParams, cfg.family_params, f"{cfg.source}: model")
+        self.rows = np.sort(np.concatenate([data.train_index, data.test_index]))
+        X = sentence_features(cfg, data.dataset, device=device, progress=True)
+        self.features = np.ascontiguousarray(X[self.rows])
+        self.inputs: Any = (self.features if self.params.encoder == "frozen"
+                            else [data.dataset.texts[i] for i in self.rows])
+        self.y = data.y[self.rows]  # for scoring only
+        self.n_clusters = self.params.n_clusters or len(data.classes)
+        self.model: FSTCClusterer | None = None
+        # torch pays a one-off cost on its first training step; pay it before joining, so it
+        # does not count as round 1's training time.
+        warm = FSTCClusterer(2, iterations=1, batch_size=8, random_state=seed)
+        warm.fit(self.features[:16])
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.rows)
+
+    def _new_model(self) -> FSTCClusterer:
+        return self.params.clusterer(self.n_clusters, self.cfg.rounds * self.params.iterations,
+                                     random_state=self.seed, device=self.device)
+
+    def registration_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"n_clusters": self.n_clusters,
+                                "dim": int(self.features.shape[1])}
+        if self.params.init == "kfed":
+            # k-FED's one message: K local centres and their sizes (K × 384 floats), no row.
+            centers, counts = local_kmeans(self.features, self.n_clusters, random_state=self.seed)
+            info["centers"] = centers.astype(np.float32).tolist()
+            info["counts"] = counts.tolist()
+        return info
+
+    def setup(self, setup: Mapping[str, Any]) -> None:
+        self.n_clusters = int(setup["n_clusters"])
+        self.model = self._new_model()
+
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        assert self.model is not None, "setup() first"
+        if self.model.head_ is None:
+            # Round 1 carries the master's initial head; a worker joining later starts from the
+            # nearest-centre head of the global centres it receives.
+            if "head.weight" in arrays:
+                self.model.set_arrays(arrays)
+            else:
+                self.model.init_from_centers(arrays[CENTERS])
+        t0 = time.perf_counter()
+        self.model.fit(self.inputs, np.asarray(arrays[CENTERS]))
+        train_time = time.perf_counter() - t0
+        out = {CENTERS: self.model.cluster_centers_, COUNTS: self.model.counts_}
+        if meta.get("final"):
+            out.update(self.model.get_arrays())
+        h = self.model.history_[-1]
+        return FitResult(out, self.n_samples,
+                         {"train_loss": h["loss"], "loss_c": h["loss_c"],
+                          "loss_align": h["loss_align"], "kept": h["kept"], "pi": h["pi"],
+                          "train_time": train_time})
+
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        """The payload's clustering of this worker's documents: by its head when it carries one
+        (round 1's initialization, the final model), else by the nearest global centre. While
+        training, also this worker's own head (``local_*``)."""
+        if "head.weight" in arrays:
+            scores = self._new_model().set_arrays(arrays).score(self.inputs, self.y)
+        else:
+            H = self.model.transform(self.inputs) if self.model is not None else self.features
+            C = np.asarray(arrays[CENTERS], dtype=np.float32)
+            d2 = (H**2).sum(1)[:, None] - 2 * H @ C.T + (C**2).sum(1)[None, :]
+            scores = score_clustering(self.y, d2.argmin(axis=1))
+        if self.model is not None and self.model.head_ is not None:
+            local = self.model.score(self.inputs, self.y)
+            scores.update({"local_accuracy": local["accuracy"], "local_nmi": local["nmi"]})
+        return scores
+
+    def local_baseline(self) -> dict[str, float]:
+        """The same model and budget (rounds × iterations) on this worker's documents alone:
+        local k-means start, no global centres."""
+        model = self.params.clusterer(self.n_clusters, random_state=self.seed,
+                                      device=self.device,
+                                      iterations=self.cfg.rounds * self.params.iterations)
+        model.fit(self.inputs)
+        return model.score(self.inputs, self.y)

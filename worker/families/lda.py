@@ -1,0 +1,129 @@
+"""iFTM party (Jiang et al. 2021), worker side: a private local LDA / SentenceLDA sampler that
+uploads its topic-wise normalized word–topic matrix and learns from its composed model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from common.config import ClusterConfig, build_params
+from common.models.iftm import topic_normalize
+from common.models.lda_mh import LDAMH, Corpus, LDAParams, corpus_from_texts, heldout_log_likelihood
+from common.shards import LocalData
+from common.text import bow_matrix, local_vocabulary
+from common.topic_metrics import npmi_coherence, top_words, topic_diversity
+from worker.families.base import ClientFamily, FitResult
+
+TOPICS = "topics"
+
+
+def topic_scores(topic_word: np.ndarray, test: Corpus, reference_bow: Any, vocab: list[str],
+                 alpha: float, eval_iter: int, seed: int) -> dict[str, float]:
+    """Held-out log-likelihood per token and perplexity (document completion) on ``test``,
+    NPMI coherence on ``reference_bow`` and topic diversity of the top-10 words."""
+    ll = heldout_log_likelihood(topic_word, test, alpha, eval_iter, seed)
+    heads = top_words(topic_word, vocab, 10)
+    return {"heldout_ll": ll["loglik"], "heldout_ll_per_token": ll["loglik_per_token"],
+            "perplexity": ll["perplexity"],
+            "npmi": npmi_coherence(heads, reference_bow, vocab),
+            "diversity": topic_diversity(heads), "n_topics": float(topic_word.shape[0])}
+
+
+class LDAClient(ClientFamily):
+    """Worker side of ``model: {family: lda}`` (and ``sentencelda``).
+
+    Registration sends the local vocabulary (:func:`common.text.local_vocabulary`) and the
+    document count; the setup brings the agreed vocabulary, over which the worker tokenizes its
+    documents (sentence by sentence). Each round's payload is this party's own composed model
+    (``"topics"``, k_i x V, rows summing to one; empty in round 1) and ``meta["n_topics"]``.
+    The party continues its sampler from its previous state (assignments and its once-drawn
+    privacy noise stay) with the composed topics as a word–topic prior
+    (β_kw = β + prior_weight · N/k · composed_kw; on the first round with topics, the
+    assignment is drawn from them), runs ``sweeps`` MH sweeps, and uploads its word–topic
+    counts topic-wise normalized (with β smoothing) as float32 and its token count as
+    ``n_samples`` (the merge weight).
+    """
+
+    name = "lda"
+    sentence = False
+    #: Uploads are normalized topics of the party's own k, not a delta of what it received.
+    compressible = False
+
+    def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        super().__init__(cfg, data, device, seed)
+        self.params: LDAParams = build_params(LDAParams, cfg.family_params,
+                                              f"{cfg.source}: model")
+        texts = data.dataset.texts
+        self.train_texts = [texts[i] for i in data.train_index]
+        self.test_texts = [texts[i] for i in data.test_index]
+        self.vocabulary_: list[str] | None = None
+        self.train_: Corpus | None = None
+        self.test_: Corpus | None = None
+        self.model_: LDAMH | None = None
+
+    def registration_info(self) -> dict[str, Any]:
+        vocab = local_vocabulary(self.train_texts)
+        return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()},
+                "n_docs": len(self.train_texts)}
+
+    def setup(self, setup: Mapping[str, Any]) -> None:
+        self.vocabulary_ = list(setup["vocabulary"])
+        self.train_ = corpus_from_texts(self.train_texts, self.vocabulary_)
+        self.test_ = corpus_from_texts(self.test_texts, self.vocabulary_)
+        self.reference_ = bow_matrix(self.train_texts, self.vocabulary_)
+
+    @property
+    def n_samples(self) -> int:
+        return max(1, self.train_.n_tokens if self.train_ is not None else self.data.n_train)
+
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        assert self.train_ is not None, "setup() first"
+        k = int(meta["n_topics"])
+        received = np.asarray(arrays[TOPICS], dtype=np.float64)
+        if self.model_ is None or self.model_.n_topics != k:
+            self.model_ = self.params.model(k, self.sentence, self.seed)
+        prior = received if received.shape == (k, self.train_.n_words) else None
+        t0 = time.perf_counter()
+        self.model_.fit(self.train_, topic_prior=prior)
+        train_time = time.perf_counter() - t0
+        topics = topic_normalize(self.model_.components_, self.params.beta).astype(np.float32)
+        units = len(self.model_.z_)
+        return FitResult({TOPICS: topics}, self.n_samples,
+                         {"train_time": train_time, "acceptance": self.model_.acceptance_,
+                          "tokens_per_s": self.params.sweeps * self.train_.n_tokens
+                          / max(train_time, 1e-9), "n_units": float(units)})
+
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        assert self.test_ is not None and self.vocabulary_ is not None, "setup() first"
+        topics = np.asarray(arrays[TOPICS], dtype=np.float64)
+        if topics.shape[0] == 0:  # round 1: nothing composed yet
+            return {"n_topics": 0.0}
+        scores = topic_scores(topics, self.test_, self.reference_, self.vocabulary_,
+                              self.params.alpha, self.params.eval_iter, self.seed)
+        # identifies the payload in metrics.jsonl: each party's composed model differs
+        scores["payload_fingerprint"] = float(
+            (topics * np.arange(1, topics.shape[1] + 1)).sum() / topics.shape[0])
+        return scores
+
+    def local_baseline(self) -> dict[str, float]:
+        """The same sampler, k and total sweeps (rounds x sweeps) on this party's data alone."""
+        assert self.train_ is not None and self.vocabulary_ is not None, "setup() first"
+        k = self.model_.n_topics if self.model_ is not None else self.params.n_topics
+        model = self.params.model(k, self.sentence, self.seed,
+                                  n_iter=self.cfg.rounds * self.params.sweeps,
+                                  warm_start=False).fit(self.train_)
+        return topic_scores(topic_normalize(model.components_, self.params.beta), self.test_,
+                            self.reference_, self.vocabulary_, self.params.alpha,
+                            self.params.eval_iter, self.seed)
+
+
+class SentenceLDAClient(LDAClient):
+    """Worker side of ``model: {family: sentencelda}``: one topic per sentence."""
+
+    name = "sentencelda"
+    sentence = True

@@ -1,0 +1,91 @@
+"""FedNMF / FedNMF+MI topic model, worker side: local vocabulary, local H, local SGD epochs."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from common.config import ClusterConfig, build_params
+from common.models.nmf import SGDNMF, NMFParams, heldout_scores
+from common.shards import LocalData
+from common.text import bow_matrix, local_vocabulary
+from worker.families.base import ClientFamily, FitResult
+
+
+class NMFClient(ClientFamily):
+    """Worker side of ``model: {family: nmf}``.
+
+    Registration sends this worker's vocabulary with term and document frequencies
+    (:func:`common.text.local_vocabulary`); the setup brings the agreed vocabulary
+    (``setup["vocabulary"]``), over which the worker counts its documents. Each round it loads
+    the topics C (and the MI critic) from the payload, runs the local epochs on its own
+    documents with its own topic weights H, which persist across rounds and never leave the
+    worker, and returns C (and the critic).
+    """
+
+    name = "nmf"
+
+    def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        super().__init__(cfg, data, device, seed)
+        self.params: NMFParams = build_params(NMFParams, cfg.family_params,
+                                              f"{cfg.source}: model")
+        texts = data.dataset.texts
+        self.train_texts = [texts[i] for i in data.train_index]
+        self.test_texts = [texts[i] for i in data.test_index]
+        self.y_train = np.asarray(data.y)[data.train_index]
+        self.y_test = np.asarray(data.y)[data.test_index]
+        self.vocabulary_: list[str] | None = None
+        self.x_train: sp.csr_matrix | None = None
+        self.x_test: sp.csr_matrix | None = None
+        self.model: SGDNMF | None = None
+        # torch and scikit-learn pay a one-off cost on their first calls (seconds on a busy
+        # CPU); pay it now, before joining, so it does not count as round 1's training time.
+        dummy = sp.random(16, 8, density=0.3, random_state=0, format="csr", dtype=np.float32)
+        warm = self.params.model(device=device)
+        warm.fit(dummy, epochs=1)
+        heldout_scores(warm, dummy, np.arange(16) % 2, dummy, np.arange(16) % 2)
+
+    def registration_info(self) -> dict[str, Any]:
+        vocab = local_vocabulary(self.train_texts)
+        return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()},
+                "n_docs": len(self.train_texts)}
+
+    def setup(self, setup: Mapping[str, Any]) -> None:
+        self.vocabulary_ = list(setup["vocabulary"])
+        self.x_train = bow_matrix(self.train_texts, self.vocabulary_)
+        self.x_test = bow_matrix(self.test_texts, self.vocabulary_)
+        self.model = self.params.model(device=self.device, random_state=self.seed)
+
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        assert self.model is not None, "setup() first"
+        self.model.set_arrays(arrays)
+        t0 = time.perf_counter()
+        self.model.fit(self.x_train)
+        train_time = time.perf_counter() - t0
+        metrics = {"train_loss": self.model.last_loss_, "train_time": train_time}
+        if math.isfinite(self.model.last_mi_):
+            metrics["train_mi"] = self.model.last_mi_
+        return FitResult(self.model.get_arrays(), self.x_train.shape[0], metrics)
+
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        assert self.model is not None, "setup() first"
+        scorer = self.params.model(device=self.device)
+        scorer.set_arrays(arrays)
+        return heldout_scores(scorer, self.x_train, self.y_train, self.x_test, self.y_test,
+                            self.seed)
+
+    def local_baseline(self) -> dict[str, float]:
+        """The same model and epochs (rounds x local epochs) on this worker's documents alone,
+        over the agreed vocabulary."""
+        assert self.x_train is not None, "setup() first"
+        model = self.params.model(device=self.device, random_state=self.seed)
+        model.fit(self.x_train, epochs=self.cfg.rounds * self.params.local_epochs)
+        return heldout_scores(model, self.x_train, self.y_train, self.x_test, self.y_test,
+                            self.seed)

@@ -1,0 +1,148 @@
+"""Federated neural topic models (gFedNTM), worker side: ProdLDA and CombinedTM.
+
+Registration sends this worker's vocabulary with term and document frequencies
+(:func:`common.text.local_vocabulary`), as the NMF family does; the setup brings the agreed
+vocabulary, over which the worker counts its documents (:func:`common.text.bow_matrix`).
+
+``mode: sync``: each round is one step. The worker loads the global weights, takes its next
+mini-batch (its own seeded order, a fresh permutation every epoch) and uploads the gradient of
+the batch's mean loss, by parameter name, with the batch-norm running statistics that batch
+moved. It scores the model only when the payload asks (``meta["evaluate"]``), so that a step
+stays cheap. ``mode: fedavg``: ``local_epochs`` local epochs from the global weights with a
+local Adam whose state persists across rounds; the weights travel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from common.config import ClusterConfig, build_params
+from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
+from common.shards import LocalData, sentence_features
+from common.text import bow_matrix, local_vocabulary
+from common.topic_metrics import inverted_rbo, npmi_coherence, svm_scores, topic_diversity
+from worker.families.base import ClientFamily, FitResult
+
+
+def topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.csr_matrix,
+                 c_train: np.ndarray | None, y_train: np.ndarray, x_test: sp.csr_matrix,
+                 c_test: np.ndarray | None, y_test: np.ndarray, seed: int
+                 ) -> dict[str, float]:
+    """Held-out perplexity, NPMI (reference: the worker's own documents), topic diversity,
+    inverted RBO, and a linear SVM on the topic proportions (macro-F1, accuracy)."""
+    topics = model.get_topics(10, vocab)
+    out: dict[str, float] = {}
+    if x_test.shape[0]:
+        out["perplexity"] = model.perplexity(x_test, c_test)
+    out["npmi"] = npmi_coherence(topics, sp.vstack([x_train, x_test]), vocab)
+    out["topic_diversity"] = topic_diversity(topics)
+    out["inverted_rbo"] = inverted_rbo(topics)
+    out.update(svm_scores(model.transform(x_train, c_train), y_train,
+                          model.transform(x_test, c_test), y_test, seed))
+    return {k: float(v) for k, v in out.items() if np.isfinite(v)}
+
+
+class ProdLDAClient(ClientFamily):
+    """Worker side of ``model: {family: prodlda}`` (see the module docstring)."""
+
+    name = "prodlda"
+    contextual_size = 0
+    #: Sync uploads are gradients, not parameters: a delta against the weights is meaningless.
+    compressible = False
+
+    def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        super().__init__(cfg, data, device, seed)
+        self.params: NTMParams = build_params(NTMParams, cfg.family_params,
+                                              f"{cfg.source}: model")
+        texts = data.dataset.texts
+        self.train_texts = [texts[i] for i in data.train_index]
+        self.test_texts = [texts[i] for i in data.test_index]
+        self.y_train = np.asarray(data.y)[data.train_index]
+        self.y_test = np.asarray(data.y)[data.test_index]
+        # Global row numbers: the per-document noise seed, the same in a centralized run.
+        self.doc_ids = np.asarray(data.train_index)
+        self.vocabulary_: list[str] | None = None
+        self.model: NeuralTopicModel | None = None
+        self.c_train: np.ndarray | None = None
+        self.c_test: np.ndarray | None = None
+
+    def registration_info(self) -> dict[str, Any]:
+        vocab = local_vocabulary(self.train_texts)
+        return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()},
+                "n_docs": len(self.train_texts)}
+
+    def setup(self, setup: Mapping[str, Any]) -> None:
+        self.vocabulary_ = list(setup["vocabulary"])
+        self.x_train = bow_matrix(self.train_texts, self.vocabulary_)
+        self.x_test = bow_matrix(self.test_texts, self.vocabulary_)
+        if self.contextual_size:
+            emb = sentence_features(self.cfg, self.data.dataset, device=self.device)
+            self.c_train = emb[self.data.train_index]
+            self.c_test = emb[self.data.test_index]
+        self.model = self._fresh()
+        self.batches = batch_schedule(self.x_train.shape[0], self.params.batch_size, self.seed)
+
+    def _fresh(self) -> NeuralTopicModel:
+        assert self.vocabulary_ is not None, "setup() first"
+        model = self.params.model(self.contextual_size, self.seed, self.device,
+                                  noise_seed=self.cfg.seed)
+        model.initialize(len(self.vocabulary_))
+        model.vocabulary_ = self.vocabulary_
+        return model
+
+    def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> FitResult:
+        assert self.model is not None, "setup() first"
+        self.model.set_arrays(arrays)
+        t0 = time.perf_counter()
+        if self.params.mode == "sync":
+            rows = next(self.batches)
+            out = self.model.gradients(self.x_train, self.c_train, rows, self.doc_ids[rows],
+                                       step=round_ - 1)
+            n = len(rows)
+        else:
+            # Local Adam (its state persists across rounds) along the worker's own endless
+            # batch order, so that every round sees a fresh permutation.
+            n = self.x_train.shape[0]
+            for _ in range(self.params.local_epochs * -(-n // self.params.batch_size)):
+                rows = next(self.batches)
+                self.model.step(self.x_train, self.c_train, rows, self.doc_ids[rows])
+            out = self.model.get_arrays()
+        metrics = {"train_loss": self.model.last_loss_, "train_time": time.perf_counter() - t0}
+        return FitResult(out, n, metrics)
+
+    def _scores(self, model: NeuralTopicModel) -> dict[str, float]:
+        assert self.vocabulary_ is not None
+        return topic_scores(model, self.vocabulary_, self.x_train, self.c_train, self.y_train,
+                            self.x_test, self.c_test, self.y_test, self.seed)
+
+    def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                 ) -> dict[str, float]:
+        if not meta.get("evaluate", True):  # a sync step: training only
+            return {}
+        scorer = self._fresh().set_arrays(arrays)
+        return self._scores(scorer)
+
+    def local_baseline(self) -> dict[str, float]:
+        """The same model on this worker's documents alone, same budget: ``rounds`` steps
+        (sync) or ``rounds x local_epochs`` epochs (fedavg)."""
+        model = self._fresh()
+        if self.params.mode == "sync":
+            model.fit(self.x_train, self.c_train, steps=self.cfg.rounds, doc_ids=self.doc_ids)
+        else:
+            model.fit(self.x_train, self.c_train,
+                      epochs=self.cfg.rounds * self.params.local_epochs, doc_ids=self.doc_ids)
+        return self._scores(model)
+
+
+class CombinedTMClient(ProdLDAClient):
+    """Worker side of ``model: {family: combinedtm}``: the inference network also reads each
+    document's sentence embedding (:func:`common.shards.sentence_features`, cached)."""
+
+    name = "combinedtm"
+    contextual_size = CONTEXT_SIZE
