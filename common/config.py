@@ -228,6 +228,13 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             raise ConfigError(f"{where}.name: duplicate worker name {name!r}")
         seen.add(name)
         cfg.workers.append(WorkerConfig(**w))
+    # A cluster spread over machines must say where each worker runs (the playbooks and the
+    # operator need it); on one machine every worker is on the master's loopback.
+    if cfg.master.host not in ("127.0.0.1", "localhost", "::1"):
+        for i, w in enumerate(raw.get("workers") or []):
+            if not (isinstance(w, dict) and w.get("host")):
+                raise ConfigError(f"{src}: workers[{i}].host: expected the worker's host name "
+                                  f"or address (master.host is {cfg.master.host})")
 
     model = raw.get("model") or {"family": "mlp"}
     _expect(isinstance(model, dict) and isinstance(model.get("family"), str),

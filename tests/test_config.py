@@ -370,3 +370,12 @@ def test_build_params_refused_by_the_dataclass(tmp_path, model, field):
     assert f": {field}: expected " in msg
     if "rmsprop" in model:
         assert "'rmsprop'" in msg and "adam" in msg
+
+
+def test_spread_cluster_needs_every_worker_host() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"master": {"host": "10.0.0.5"},
+                      "workers": [{"name": "a", "host": "10.0.0.6"}, "b"]}, "cluster.yaml")
+    assert str(info.value) == ("cluster.yaml: workers[1].host: expected the worker's host name "
+                               "or address (master.host is 10.0.0.5)")
+    assert parse_config({"master": {"host": "127.0.0.1"}, "workers": ["a"]}).workers[0].name == "a"
