@@ -111,7 +111,7 @@ def test_full_config(tmp_path):
     path = write(tmp_path, """
 master: {host: 192.168.1.5, bind: 0.0.0.0, pub_port: 7000, rep_port: 7001}
 workers:
-  - {name: w1, device: cpu}
+  - {name: w1, device: cpu, host: cpu-box}
   - {name: w2, device: cuda, host: gpu-box}
 model: {family: mlp, hidden: 64, optimizer: sgd}
 strategy: {name: fedavg}
