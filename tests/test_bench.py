@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, run_fedctl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 
 def test_bench_quick_writes_report(tmp_path: Path) -> None:
