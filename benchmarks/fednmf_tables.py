@@ -428,7 +428,9 @@ def write_results(args: argparse.Namespace, main: dict[str, Any], sweep: dict[st
     for key, rows in main.items():
         name = key.split("/")[0]
         md += [f"## {key}", "", format_table(name, rows), ""]
-    md += ["## Does +MI help? macro-F1 with MI minus without", "", *mi_summary(main), ""]
+    md += ["## Does +MI help? macro-F1 with MI minus without", "", *mi_summary(main), "",
+           "One seed: how far these differences are from chance is measured by "
+           "`python benchmarks/fednmf_seeds.py` ([fednmf_seeds.md](fednmf_seeds.md)).", ""]
     if sweep:
         md += ["## Fig. 4: alpha and K sweeps (stackoverflow, k = 50), macro-F1", "",
                "![Fig. 4](fednmf_fig4.png)", ""]

@@ -38,12 +38,14 @@ Where this code departs from the paper, and why:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from sklearn.cluster import KMeans
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from common.clustering_metrics import cluster_mapping, clustering_metrics
@@ -301,6 +303,19 @@ def aggregate_centers(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray
 # --------------------------------------------------------------------------------------------
 
 
+def _thread_limit(encoder: str, device: str) -> AbstractContextManager:
+    """One thread for a frozen encoder on a CPU, else the thread pools as they are.
+
+    A K × 384 head on 200 rows (and k-means on a few thousand) is far too small for thread
+    pools: on a shared CPU their threads spin more than they compute (measured: 20 s of CPU for
+    a run that takes 4 s on one thread). A fine-tuned encoder, or a GPU, keeps them.
+    """
+    if encoder == "frozen" and device == "cpu":
+        return threadpool_limits(1)
+    return nullcontext()
+
+
+
 @dataclass
 class FSTCParams:
     """Hyperparameters of the ``fstc`` family (the ``model`` section of cluster.yaml).
@@ -495,14 +510,21 @@ class FSTCClusterer:
             return torch.as_tensor(A, device=self.device)
         st = self._load_encoder()
         texts = list(X) if rows is None else [X[i] for i in rows]
+        # sentence-transformers >= 6 names it preprocess (tokenize is deprecated there); its
+        # output also holds non-tensor entries (the modality), which stay as they are.
+        prepare = getattr(st, "preprocess", None) or st.tokenize
+
+        def features(batch: list[str]) -> dict[str, Any]:
+            return {k: v.to(self.device) if torch.is_tensor(v) else v
+                    for k, v in prepare(batch).items()}
+
         if grad:
             st.train()
-            feats = {k: v.to(self.device) for k, v in st.tokenize(texts).items()}
-            return st(feats)["sentence_embedding"]
+            return st(features(texts))["sentence_embedding"]
         st.eval()
         with torch.no_grad():
-            out = [st({k: v.to(self.device) for k, v in st.tokenize(texts[i:i + 256]).items()}
-                      )["sentence_embedding"] for i in range(0, len(texts), 256)]
+            out = [st(features(texts[i:i + 256]))["sentence_embedding"]
+                   for i in range(0, len(texts), 256)]
         return torch.cat(out)
 
     def transform(self, X: Any) -> np.ndarray:
@@ -561,6 +583,10 @@ class FSTCClusterer:
         -------
         self
         """
+        with _thread_limit(self.encoder, self.device):
+            return self._fit(X, global_centers)
+
+    def _fit(self, X: Any, global_centers: np.ndarray | None) -> FSTCClusterer:
         n = len(X)
         if self.head_ is None:
             self._init_kmeans(X)
@@ -711,15 +737,25 @@ class FederatedFSTC:
         return combine_centers([c for c, _ in local], [n for _, n in local], k,
                                random_state=seed)
 
-    def fit(self, parts: Sequence[Any]) -> FederatedFSTC:
-        """Train on one feature matrix (or text list, when fine-tuned) per client."""
+    def fit(self, parts: Sequence[Any], init_centers: np.ndarray | None = None
+            ) -> FederatedFSTC:
+        """Train on one feature matrix (or text list, when fine-tuned) per client.
+
+        ``init_centers`` (K × d) skips the initialization, e.g. to share one k-FED run among
+        the variants of a benchmark.
+        """
+        with _thread_limit(self.params.encoder, self.device):
+            return self._fit(parts, init_centers)
+
+    def _fit(self, parts: Sequence[Any], init_centers: np.ndarray | None) -> FederatedFSTC:
         p, k = self.params, self.n_clusters
-        reps = [X if p.encoder == "frozen" else None for X in parts]
         clients = [p.clusterer(k, self.rounds * p.iterations, self.random_state + 1000 + m,
                                self.device) for m in range(len(parts))]
-        if p.encoder == "finetune":
-            reps = [c.transform(X) for c, X in zip(clients, parts, strict=True)]
-        self.init_centers_ = self.initial_centers(reps).astype(np.float32)
+        if init_centers is None:
+            reps = (list(parts) if p.encoder == "frozen"
+                    else [c.transform(X) for c, X in zip(clients, parts, strict=True)])
+            init_centers = self.initial_centers(reps)
+        self.init_centers_ = np.asarray(init_centers, dtype=np.float32)
         for c in clients:
             c.init_from_centers(self.init_centers_)
         centers = self.init_centers_

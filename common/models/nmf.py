@@ -71,8 +71,9 @@ class NMFParams:
     optimizer : {"sgd", "adam"}, default "sgd"
         The local optimizer: plain SGD as in the paper, or Adam (C and the critic with
         ``torch.optim.Adam``, H with ``torch.optim.SparseAdam`` so only the batch's rows
-        move). On stackoverflow, SGD at lr 0.5 reconstructed better and classified better
-        than Adam at 0.01-0.05, federated and centralized.
+        move). On 3,000 stackoverflow titles (K = 10, 50 rounds of 5 local epochs), SGD at
+        lr 0.5 reached a lower held-out reconstruction error and a higher macro-F1 than Adam
+        at lr 0.01 or 0.05, with FedAvg and with FedAdam.
     vocab_size : int, default 2000
         Words in the agreed vocabulary.
     min_df : int, default 2

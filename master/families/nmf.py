@@ -31,7 +31,9 @@ class NMFServer(ServerFamily):
     (:func:`common.text.merge_vocabularies`, ``vocab_size`` words in at least ``min_df``
     documents) and draws the initial topics C with ``cfg.seed``, non-negative and scaled to
     the average count the workers reported. The payload is C (``"components"``) and, with
-    ``mi_weight`` > 0, the critic (``"critic.*"``); every strategy applies to all of them.
+    ``mi_weight`` > 0, the critic (``"critic.*"``). C follows the strategy (FedAvg weighted by
+    the workers' document counts, mean pooling, or a FedOpt server optimizer); the critic
+    follows ``critic_aggregation`` (below).
 
     A server optimizer (FedAdagrad, FedYogi, FedAdam) steps along the pseudo-gradient and can
     leave C with negative entries, which NMF does not allow: after aggregation C is projected
@@ -42,9 +44,10 @@ class NMFServer(ServerFamily):
     about eta (0.1 for FedAdam) per round, while the critic's weights start near
     1/sqrt(V) ~ 0.02: stepped like C, the critic is scrambled every round and its gradients
     then push H anywhere. On 3,000 stackoverflow titles (K = 10, alpha = 1, C = 0.2, 50
-    rounds of 2 local epochs) FedAdam+MI with the critic stepped by FedAdam collapsed the
-    topics (diversity 0.15, macro-F1 0.57) where the averaged critic kept them (diversity
-    0.77, macro-F1 0.79, as FedAdam without MI). The topics C always follow the strategy.
+    rounds of 2 local epochs, k = 50; benchmarks/results/fednmf_tables.md) FedAdam+MI with the
+    critic stepped by FedAdam collapsed the topics (diversity 0.22, macro-F1 0.53) where the
+    averaged critic kept them (diversity 0.74, macro-F1 0.77; FedAdam without MI: 0.72,
+    0.79).
     """
 
     name = "nmf"

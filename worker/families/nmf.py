@@ -79,7 +79,7 @@ class NMFClient(ClientFamily):
         scorer = self.params.model(device=self.device)
         scorer.set_arrays(arrays)
         return heldout_scores(scorer, self.x_train, self.y_train, self.x_test, self.y_test,
-                            self.seed)
+                              self.seed)
 
     def local_baseline(self) -> dict[str, float]:
         """The same model and epochs (rounds x local epochs) on this worker's documents alone,
@@ -88,4 +88,4 @@ class NMFClient(ClientFamily):
         model = self.params.model(device=self.device, random_state=self.seed)
         model.fit(self.x_train, epochs=self.cfg.rounds * self.params.local_epochs)
         return heldout_scores(model, self.x_train, self.y_train, self.x_test, self.y_test,
-                            self.seed)
+                              self.seed)
