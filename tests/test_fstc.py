@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 from sklearn.feature_extraction.text import TfidfVectorizer
+from threadpoolctl import threadpool_limits
 
 from common.clustering_metrics import clustering_accuracy
 from common.data import partition, read_jsonl
@@ -203,11 +204,12 @@ def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:
 def test_kfed_and_federated_vocabulary(subset: tuple) -> None:
     X, y, texts = subset
     parts = partition(y, 4, scheme="iid", seed=0)
-    kfed = KFed(K, random_state=0).fit([X[p] for p in parts])
+    with threadpool_limits(1):  # small k-means: a thread pool would only spin
+        kfed = KFed(K, n_init=3, random_state=0).fit([X[p] for p in parts])
+        central = clustering_accuracy(y, KMeans(K, n_init=3, random_state=0).fit_predict(X))
     assert kfed.cluster_centers_.shape == (K, 384)
     assert [len(c) for c in kfed.local_centers_] == [K] * 4
     acc = clustering_accuracy(y, kfed.predict(X))
-    central = clustering_accuracy(y, KMeans(K, n_init=10, random_state=0).fit_predict(X))
     assert acc > 0.5 and acc > central - 0.1  # one-shot federated is close to central
 
     # The agreed vocabulary and IDF from the clients' counts equal a central TF-IDF's.
@@ -219,6 +221,25 @@ def test_kfed_and_federated_vocabulary(subset: tuple) -> None:
                                ref.transform(texts[:50]).toarray(), atol=1e-12)
     bow = FederatedVocabulary("bow").fit(client_texts).transform(["svn svn commit"])
     assert bow.sum() == 3
+
+
+def test_finetuned_encoder_trains_and_travels(subset: tuple) -> None:
+    """The GPU path (``encoder: finetune``) on a CPU, tiny: Φ's weights move, the model's
+    arrays carry the encoder, and a fresh model loaded from them clusters identically."""
+    import torch
+
+    texts = subset[2][:24]
+    model = FSTCClusterer(3, encoder="finetune", iterations=2, batch_size=8, lr_encoder=1e-3,
+                          random_state=0).fit(texts)
+    before = {k: v.clone() for k, v in model.encoder_.state_dict().items()}
+    model.fit(texts, global_centers=model.cluster_centers_)
+    after = model.encoder_.state_dict()
+    assert sum(not torch.equal(before[k], after[k]) for k in before) > len(before) // 2
+    assert model.history_[-1]["loss_align"] > 0
+    arrays = model.get_arrays()
+    assert any(k.startswith("encoder.") for k in arrays) and "head.weight" in arrays
+    again = FSTCClusterer(3, encoder="finetune").set_arrays(arrays)
+    assert (again.predict(texts) == model.predict(texts)).all()
 
 
 # --------------------------------------------------------------------------------------------

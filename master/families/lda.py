@@ -12,16 +12,15 @@ import numpy as np
 from common.config import ClusterConfig, build_params
 from common.models.iftm import compose, merge_models
 from common.models.lda_mh import LDAParams
-from common.text import merge_vocabularies
 from common.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
+from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
 
 TOPICS = "topics"
 #: Most words one worker may put in its registration; most topics one party may upload.
-MAX_LOCAL_WORDS = 1_000_000
 MAX_TOPICS = 1000
 #: Tolerance on the row sums of an uploaded topic-wise normalized matrix (float32 sums).
 ROW_SUM_TOL = 1e-3
@@ -52,20 +51,7 @@ class LDAServer(ServerFamily):
         self.n_words_ = 0
 
     def check_info(self, info: Mapping[str, Any]) -> None:
-        vocab, n_docs = info.get("vocabulary"), info.get("n_docs")
-        if not isinstance(n_docs, int) or isinstance(n_docs, bool) or n_docs < 0:
-            raise ProtocolError("register.info.n_docs: expected a document count",
-                                code="bad_field")
-        if not isinstance(vocab, dict) or len(vocab) > MAX_LOCAL_WORDS:
-            raise ProtocolError("register.info.vocabulary: expected a map word -> "
-                                "[term_freq, doc_freq]", code="bad_field")
-        for word, freqs in vocab.items():
-            if (not isinstance(word, str) or not word or not isinstance(freqs, (list, tuple))
-                    or len(freqs) != 2
-                    or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0
-                               for f in freqs)):
-                raise ProtocolError(f"register.info.vocabulary[{str(word)[:40]!r}]: expected "
-                                    "[term_freq, doc_freq], two counts", code="bad_field")
+        check_vocabulary_info(info)
 
     def _topics_for(self, wid: str) -> int:
         names = sorted({w.name for w in self.cfg.workers} | set(self.n_topics_) | {wid})
@@ -75,11 +61,7 @@ class LDAServer(ServerFamily):
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         p = self.params
-        vocabs = [info["vocabulary"] for info in registrations.values()]
-        vocab = merge_vocabularies(vocabs, max_size=p.vocab_size, min_df=p.min_df)
-        if not vocab:
-            raise ProtocolError(f"no word is in {p.min_df} or more of the workers' documents",
-                                code="rejected")
+        vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)
         self.n_words_ = len(vocab)
         self.setup_info_ = {"vocabulary": vocab}
         for wid in sorted(registrations):
@@ -88,7 +70,7 @@ class LDAServer(ServerFamily):
         self.global_ = Payload({"n_topics": 0}, {TOPICS: np.zeros((0, self.n_words_),
                                                                   dtype=np.float32)})
         log.info("%s: %d words agreed from %d vocabularies; topics per party %s", self.name,
-                 len(vocab), len(vocabs), self.n_topics_)
+                 len(vocab), len(registrations), self.n_topics_)
         return self.global_
 
     def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:

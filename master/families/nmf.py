@@ -12,16 +12,15 @@ import numpy as np
 from common.config import ClusterConfig, build_params
 from common.models.nmf import COMPONENTS, NMFParams, heldout_scores
 from common.shards import local_data, simulated, worker_seed
-from common.text import bow_matrix, merge_vocabularies
-from common.wire import ProtocolError
+from common.text import bow_matrix
 from master.families.base import Payload, ServerFamily
+from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
 from master.strategies.aggregate import weighted_average
 
 log = logging.getLogger("fedctl.master")
 
 #: Most words one worker may put in its registration.
-MAX_LOCAL_WORDS = 1_000_000
 
 
 class NMFServer(ServerFamily):
@@ -58,28 +57,12 @@ class NMFServer(ServerFamily):
                                               f"{cfg.source}: model")
 
     def check_info(self, info: Mapping[str, Any]) -> None:
-        vocab, n_docs = info.get("vocabulary"), info.get("n_docs")
-        if not isinstance(n_docs, int) or isinstance(n_docs, bool) or n_docs < 0:
-            raise ProtocolError("register.info.n_docs: expected a document count",
-                                code="bad_field")
-        if not isinstance(vocab, dict) or len(vocab) > MAX_LOCAL_WORDS:
-            raise ProtocolError("register.info.vocabulary: expected a map word -> "
-                                "[term_freq, doc_freq]", code="bad_field")
-        for word, freqs in vocab.items():
-            if (not isinstance(word, str) or not word or not isinstance(freqs, (list, tuple))
-                    or len(freqs) != 2
-                    or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0
-                               for f in freqs)):
-                raise ProtocolError(f"register.info.vocabulary[{str(word)[:40]!r}]: expected "
-                                    "[term_freq, doc_freq], two counts", code="bad_field")
+        check_vocabulary_info(info)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         p = self.params
         vocabs = [info["vocabulary"] for info in registrations.values()]
-        vocab = merge_vocabularies(vocabs, max_size=p.vocab_size, min_df=p.min_df)
-        if not vocab:
-            raise ProtocolError(f"no word is in {p.min_df} or more of the workers' documents",
-                                code="rejected")
+        vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)
         kept = set(vocab)
         counts = sum(int(tf) for v in vocabs for w, (tf, _) in v.items() if w in kept)
         n_docs = sum(int(info["n_docs"]) for info in registrations.values())

@@ -29,9 +29,8 @@ from common.models.ntm import (
     relative_change,
     weighted_mean,
 )
-from common.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
-from master.families.nmf import NMFServer
+from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -56,23 +55,17 @@ class ProdLDAServer(ServerFamily):
         self.model_: NeuralTopicModel | None = None
         self.changes_: list[float] = []
 
-    # Same registration payload as the NMF family: a vocabulary with frequencies.
-    check_info = NMFServer.check_info
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        check_vocabulary_info(info)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
-        from common.text import merge_vocabularies
-
         p = self.params
-        vocabs = [info["vocabulary"] for info in registrations.values()]
-        vocab = merge_vocabularies(vocabs, max_size=p.vocab_size, min_df=p.min_df)
-        if not vocab:
-            raise ProtocolError(f"no word is in {p.min_df} or more of the workers' documents",
-                                code="rejected")
+        vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)
         self.model_ = p.model(self.contextual_size, self.cfg.seed).initialize(len(vocab))
         self.setup_info_ = {"vocabulary": vocab, "contextual_size": self.contextual_size}
         self.global_ = Payload(self._meta(0), self.model_.get_arrays())
         log.info("%s: %d words agreed from %d vocabularies, %d topics, mode %s, %d parameters",
-                 self.name, len(vocab), len(vocabs), p.n_topics, p.mode,
+                 self.name, len(vocab), len(registrations), p.n_topics, p.mode,
                  sum(a.size for a in self.global_.arrays.values()))
         return self.global_
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from common.config import ClusterConfig, build_params
 from common.models.fstc import FSTCClusterer, FSTCParams, score_clustering
@@ -59,7 +60,10 @@ class FSTCClient(ClientFamily):
                                 "dim": int(self.features.shape[1])}
         if self.params.init == "kfed":
             # k-FED's one message: K local centres and their sizes (K × 384 floats), no row.
-            centers, counts = local_kmeans(self.features, self.n_clusters, random_state=self.seed)
+            # One thread: k-means on a worker's few thousand rows only spins a thread pool.
+            with threadpool_limits(1):
+                centers, counts = local_kmeans(self.features, self.n_clusters,
+                                               random_state=self.seed)
             info["centers"] = centers.astype(np.float32).tolist()
             info["counts"] = counts.tolist()
         return info
