@@ -13,6 +13,7 @@ underscores). A federated job agrees on one vocabulary before training:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -139,3 +140,11 @@ def bow_matrix(texts: Sequence[str], vocabulary: Sequence[str], dtype: type = np
     if not vocabulary:
         return sp.csr_matrix((len(texts), 0), dtype=dtype)
     return make_vectorizer(vocabulary, dtype=dtype).transform(list(texts)).tocsr()
+
+
+def vocabulary_info(texts: Sequence[str]) -> dict[str, Any]:
+    """A worker's half of the vocabulary consensus: its registration ``info`` (msgpack-plain),
+    ``{"vocabulary": {word: [term_freq, doc_freq]}, "n_docs": N}``; checked and merged on the
+    master by :mod:`master.families.vocabulary`."""
+    vocab = local_vocabulary(texts)
+    return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()}, "n_docs": len(texts)}

@@ -13,7 +13,7 @@ from common.config import ClusterConfig, build_params
 from common.models.iftm import topic_normalize
 from common.models.lda_mh import LDAMH, Corpus, LDAParams, corpus_from_texts, heldout_log_likelihood
 from common.shards import LocalData
-from common.text import bow_matrix, local_vocabulary
+from common.text import bow_matrix, vocabulary_info
 from common.topic_metrics import npmi_coherence, top_words, topic_diversity
 from worker.families.base import ClientFamily, FitResult
 
@@ -65,9 +65,7 @@ class LDAClient(ClientFamily):
         self.model_: LDAMH | None = None
 
     def registration_info(self) -> dict[str, Any]:
-        vocab = local_vocabulary(self.train_texts)
-        return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()},
-                "n_docs": len(self.train_texts)}
+        return vocabulary_info(self.train_texts)
 
     def setup(self, setup: Mapping[str, Any]) -> None:
         self.vocabulary_ = list(setup["vocabulary"])

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from common.config import ClusterConfig, build_params
 from common.models.nmf import SGDNMF, NMFParams, heldout_scores
 from common.shards import LocalData
-from common.text import bow_matrix, local_vocabulary
+from common.text import bow_matrix, vocabulary_info
 from worker.families.base import ClientFamily, FitResult
 
 
@@ -51,9 +51,7 @@ class NMFClient(ClientFamily):
         heldout_scores(warm, dummy, np.arange(16) % 2, dummy, np.arange(16) % 2)
 
     def registration_info(self) -> dict[str, Any]:
-        vocab = local_vocabulary(self.train_texts)
-        return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()},
-                "n_docs": len(self.train_texts)}
+        return vocabulary_info(self.train_texts)
 
     def setup(self, setup: Mapping[str, Any]) -> None:
         self.vocabulary_ = list(setup["vocabulary"])

@@ -1,7 +1,7 @@
 """Federated neural topic models (gFedNTM), worker side: ProdLDA and CombinedTM.
 
 Registration sends this worker's vocabulary with term and document frequencies
-(:func:`common.text.local_vocabulary`), as the NMF family does; the setup brings the agreed
+(:func:`common.text.vocabulary_info`), as the NMF family does; the setup brings the agreed
 vocabulary, over which the worker counts its documents (:func:`common.text.bow_matrix`).
 
 ``mode: sync``: each round is one step. The worker loads the global weights, takes its next
@@ -24,7 +24,7 @@ import scipy.sparse as sp
 from common.config import ClusterConfig, build_params
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
 from common.shards import LocalData, sentence_features
-from common.text import bow_matrix, local_vocabulary
+from common.text import bow_matrix, vocabulary_info
 from common.topic_metrics import inverted_rbo, npmi_coherence, svm_scores, topic_diversity
 from worker.families.base import ClientFamily, FitResult
 
@@ -72,9 +72,7 @@ class ProdLDAClient(ClientFamily):
         self.c_test: np.ndarray | None = None
 
     def registration_info(self) -> dict[str, Any]:
-        vocab = local_vocabulary(self.train_texts)
-        return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()},
-                "n_docs": len(self.train_texts)}
+        return vocabulary_info(self.train_texts)
 
     def setup(self, setup: Mapping[str, Any]) -> None:
         self.vocabulary_ = list(setup["vocabulary"])
