@@ -57,8 +57,9 @@ def test_hundred_workers_complete_rounds(tmp_path: Path, make_config: MakeConfig
     rounds = events(out, "round")
     assert [e["round"] for e in rounds] == [1, 2, 3]
     assert all(e["n_updates"] == N for e in rounds)
-    # One broadcast per round, whatever N: the master serializes the model once.
-    sizes = {e["broadcast_bytes"] for e in rounds}
-    assert len(sizes) == 1 and sizes.pop() < 100_000
+    # One broadcast per round, whatever N: the master serializes the model once (~50 kB of
+    # weights; round 1 also carries the setup information, a few bytes more).
+    sizes = [e["broadcast_bytes"] for e in rounds]
+    assert max(sizes) < 100_000 and max(sizes) - min(sizes) < 1_000
     if peak is not None:
         assert peak < 1024, f"master peak RSS {peak:.0f} MiB"
