@@ -244,7 +244,8 @@ def main() -> None:
         f"lambda = {params.align_weight:g}, k-FED start (= FSBERT; k-means with {N_INIT} "
         "restarts on each client and on the server). ACC (Hungarian) and NMI "
         "in %, of the global model on all documents; mean ± std over "
-        f"{args.seeds} seed(s), m = 4 IID clients.",
+        f"{args.seeds} seed(s), m = 4 IID clients. What the numbers say, and where the code "
+        "departs from the paper: [docs/FSTC.md](../../docs/FSTC.md).",
         "",
         "## Table 2",
         "",
