@@ -190,7 +190,8 @@ class Master:
     def _announce(self) -> None:
         send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,
                                     "phase": self.phase, "round": self.round,
-                                    "version": self.version, "rounds": self.cfg.rounds},
+                                    "version": self.version, "rounds": self.cfg.rounds,
+                                    "open": self.open is not None},
              topic=M.TOPIC_ANNOUNCE)
 
     # ------------------------------------------------------------------ requests
@@ -256,6 +257,8 @@ class Master:
         ws = self._worker(msg)
         if self.phase == JOINING:
             raise ProtocolError("no model yet: the cluster is still joining", code="not_ready")
+        if self.phase == TRAINING and self.open is None:
+            raise ProtocolError(f"round {self.round} is not open yet", code="not_ready")
         payload = self.family.payload_for(ws.worker_id)
         send(self.rep, M.MODEL, self._payload_body(payload, with_setup=True), payload.arrays)
 
@@ -273,6 +276,10 @@ class Master:
         ws = self._worker(msg)
         b = msg.body
         rnd = self.open
+        if self.phase == TRAINING and rnd is None and b["round"] == self.round:
+            # A resumed master before it reopens the round: the worker keeps its update's
+            # round pending and redoes it when the round is published.
+            raise ProtocolError(f"round {self.round} is not open yet", code="not_ready")
         if self.phase != TRAINING or rnd is None or b["round"] != rnd.number:
             raise ProtocolError(f"update for round {b['round']}, but "
                                 f"{'round ' + str(self.round) if rnd else 'no round'} is open",

@@ -221,10 +221,16 @@ class Worker:
                 if phase == "done":  # the master stopped waiting for reports: nothing to send
                     log.warning("%s: the job ended before this worker reported", self.worker_id)
                     return {}
-                if phase == "training" and rnd > self.last_round:
+                if phase == "training" and rnd > self.last_round and msg.body.get("open", True):
                     # A round is open that never reached us on PUB: fetch it over REQ.
                     log.info("round %d announced but not received: fetching it", rnd)
-                    self._train(self._request(M.FETCH, {}))
+                    try:
+                        model = self._request(M.FETCH, {})
+                    except RemoteError as exc:
+                        if exc.code != "not_ready":
+                            raise
+                        continue  # it closed (or the master restarted) meanwhile
+                    self._train(model)
 
     def _train(self, msg: Message) -> None:
         body = msg.body
@@ -263,6 +269,10 @@ class Worker:
                      metrics.get("macro_f1", float("nan")), metrics.get("train_time", 0.0),
                      " (resend)" if reply.body.get("duplicate") else "")
         except RemoteError as exc:
+            if exc.code == "not_ready":
+                # A resumed master that has not reopened this round yet: redo it when it does.
+                log.warning("round %d: %s; will redo it when it opens", rnd, exc)
+                return
             # Too late (the round closed at its deadline) or refused: move on to the next one.
             log.warning("round %d: update not accepted: %s", rnd, exc)
         self.last_round = rnd

@@ -1,0 +1,121 @@
+"""A resumed master before it reopens its round (the `RESUME_GRACE` window).
+
+Regression: workers whose update (or fetch) reached a resumed master before it had reopened the
+round were told `stale_round`, took the round as done, and never sent it again; the master then
+waited for `min_workers` updates forever. Now the master answers `not_ready`, announces
+`open: false`, and the workers redo the round once it is published.
+
+The master and workers run in this process (threads) and talk ZeroMQ over TCP loopback; the
+grace window is held open by hand so that the test does not race it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from common.config import load_config
+from common.wire import Message, decode, encode
+from master.server import Master
+from tests.conftest import MakeConfig, events
+from worker.client import Worker
+
+pytestmark = pytest.mark.slow
+WORKERS = ["w1", "w2", "w3"]
+
+
+def _run(cfg_path: Path, resume: bool = False, hold: bool = False
+         ) -> tuple[Master, threading.Thread, dict[str, Any], list[BaseException]]:
+    """Bind a master and start it and the three workers as threads."""
+    cfg = load_config(cfg_path)
+    master = Master(cfg, resume=resume)
+    if hold:
+        master._resume_at = math.inf  # the grace window stays open until the test ends it
+    master.bind()
+    reports: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def work(wid: str) -> None:
+        try:
+            reports[wid] = Worker(cfg, wid).run()
+        except BaseException as exc:  # surfaced by the test
+            errors.append(exc)
+
+    def serve() -> None:
+        try:
+            master.serve()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            master.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    for wid in WORKERS:
+        threading.Thread(target=work, args=(wid,), daemon=True).start()
+    return master, server, reports, errors
+
+
+def _request(endpoint: str, kind: str, body: dict[str, Any], arrays: Any = None) -> Message:
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(encode(kind, body, arrays), copy=False)
+        return decode(sock.recv_multipart())
+    finally:
+        sock.close()
+
+
+def _announce(endpoint: str) -> dict[str, Any]:
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"announce")
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    try:
+        sock.connect(endpoint)
+        return decode(sock.recv_multipart()).body
+    finally:
+        sock.close()
+
+
+def test_update_before_the_resumed_round_opens_is_redone(tmp_path: Path,
+                                                         make_config: MakeConfig) -> None:
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+
+    # The same job, resumed with two more rounds to go; round 3 is not open yet.
+    more = make_config(tmp_path, rounds=4, checkpoint_every=1, name="four.yaml")
+    cfg = load_config(more)
+    master, server, reports, errors = _run(more, resume=True, hold=True)
+    rep, pub = cfg.master.rep_endpoint, cfg.master.pub_endpoint
+    try:
+        beacon = _announce(pub)
+        assert (beacon["phase"], beacon["round"], beacon["open"]) == ("training", 3, False)
+        model = {k: v.copy() for k, v in master.family.global_.arrays.items()}
+        early = _request(rep, "update", {"worker_id": "w1", "round": 3, "version": 2,
+                                         "n_samples": 10, "metrics": {}}, model)
+        assert (early.kind, early.body["code"]) == ("error", "not_ready")
+        fetch = _request(rep, "fetch", {"worker_id": "w2"})
+        assert (fetch.kind, fetch.body["code"]) == ("error", "not_ready")
+        time.sleep(1.0)  # the workers hear the announcements and wait
+        assert master.open is None and not errors, errors
+    finally:
+        master._resume_at = 0.0
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(cfg.output_dir)
+    rounds = {e["round"]: e for e in events(out, "round")}
+    assert sorted(rounds) == [1, 2, 3, 4]
+    for r in (3, 4):  # every worker took part in the resumed rounds
+        assert (rounds[r]["n_updates"], rounds[r]["missing"]) == (3, []), rounds[r]
+    assert sorted(reports) == WORKERS
