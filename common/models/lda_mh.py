@@ -6,9 +6,10 @@ A corpus is a flat array of word ids with document and sentence boundaries (:cla
 Each sweep visits every token (LDA) or every sentence (SentenceLDA: all words of a sentence
 share one topic) and runs ``mh_steps`` rounds of two alternating Metropolis–Hastings proposals:
 
-* the **doc proposal** q_d(k) ∝ ñ_dk + α, from an alias table built once per document and
-  sweep (stale within the document, which MH allows since the acceptance uses the very table
-  the draw came from);
+* the **doc proposal** q_d(k) ∝ ñ_dk + α, from a table built once per document and sweep
+  (stale within the document, which MH allows since the acceptance uses the very table the
+  draw came from): an alias table over the document's few nonzero ñ_dk mixed with the uniform
+  α part, so that building it is not an alias build over all K;
 * the **word proposal** q_w(k) ∝ (n_wk + β_wk) / (n_k + Σ_w β_wk), from one alias table per
   word built once per sweep (LightLDA's stale word tables). For a sentence, a word of the
   sentence is picked at random and its table used; the proposal is the mixture over the
@@ -28,8 +29,10 @@ count — the targets and the doc proposal — it reads the privatized count
 The word–topic counts that leave the party are therefore the outcome of a sampler that only
 saw privatized document statistics. ``epsilon=None`` switches the noise off (τ still clips).
 
-The token loops are numba kernels compiled once (``cache=True``); :func:`seed_numba` seeds
-numba's own generator, so a fit is reproducible for a given ``random_state``.
+The token loops are numba kernels compiled once (``cache=True``). The sweeps draw from a
+splitmix64 generator whose state the kernels carry (:func:`rng_state`), the initial assignment
+from numba's own generator (:func:`seed_numba`); both are seeded from ``random_state``, so a
+fit is reproducible.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -46,7 +50,8 @@ from common.privacy import laplace_noise
 from common.text import bow_matrix
 
 __all__ = ["Corpus", "LDAMH", "LDAParams", "build_alias", "alias_draw", "sample_alias",
-           "heldout_log_likelihood", "corpus_from_texts", "corpus_from_bow", "split_sentences"]
+           "rng_state", "heldout_log_likelihood", "corpus_from_texts", "corpus_from_bow",
+           "split_sentences"]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
 
@@ -138,23 +143,57 @@ def corpus_from_texts(texts: Sequence[str], vocabulary: Sequence[str]) -> Corpus
 # ------------------------------------------------------------------------------------ kernels
 @numba.njit(cache=True)
 def seed_numba(seed: int) -> None:
-    """Seed numba's generator (it is separate from NumPy's)."""
+    """Seed numba's generator (it is separate from NumPy's). The initial assignment and the
+    fold-in draw from it; the sweeps use the generator of :func:`rng_state`."""
     np.random.seed(seed)
 
 
+# splitmix64 (Steele, Lea & Flood 2014; passes BigCrush). The sweeps draw two uniforms per MH
+# step, and numba's Mersenne twister costs ~22 ns a double on this CPU against ~4 ns here: it
+# was most of a sweep's time. The 64-bit state lives in a one-element array the kernels carry.
+_SM_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SM_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_SM_MIX2 = np.uint64(0x94D049BB133111EB)
+_TWO_M53 = 1.0 / 9007199254740992.0
+
+
+def rng_state(seed: int) -> np.ndarray:
+    """State of the sweeps' generator for ``seed``: a one-element uint64 array.
+
+    Parameters
+    ----------
+    seed : int
+
+    Returns
+    -------
+    numpy.ndarray of uint64, shape (1,)
+    """
+    return np.array([int(seed) % 2**64], dtype=np.uint64)
+
+
+@numba.njit(cache=True, inline="always")
+def _uniform(state):
+    """A uniform double in [0, 1) from the splitmix64 ``state`` (advanced in place)."""
+    x = state[0] + _SM_GAMMA
+    state[0] = x
+    x = (x ^ (x >> np.uint64(30))) * _SM_MIX1
+    x = (x ^ (x >> np.uint64(27))) * _SM_MIX2
+    x = x ^ (x >> np.uint64(31))
+    return np.float64(x >> np.uint64(11)) * _TWO_M53
+
+
 @numba.njit(cache=True)
-def build_alias(weights: np.ndarray, prob: np.ndarray, alias: np.ndarray) -> None:
-    """Walker/Vose alias table of the non-negative ``weights`` into ``prob`` and ``alias``."""
-    k = weights.shape[0]
+def _build_alias_n(weights, n, prob, alias, small, large) -> None:
+    """Walker/Vose alias table of ``weights[:n]`` into ``prob[:n]`` and ``alias[:n]``, with
+    the caller's int32 scratch ``small`` and ``large`` (no allocation: it runs per document
+    and per word)."""
     total = 0.0
-    for i in range(k):
+    for i in range(n):
         total += weights[i]
-    small = np.empty(k, dtype=np.int32)
-    large = np.empty(k, dtype=np.int32)
     ns = 0
     nl = 0
-    for i in range(k):
-        prob[i] = weights[i] * k / total
+    for i in range(n):
+        prob[i] = weights[i] * n / total
         alias[i] = i
         if prob[i] < 1.0:
             small[ns] = i
@@ -178,20 +217,35 @@ def build_alias(weights: np.ndarray, prob: np.ndarray, alias: np.ndarray) -> Non
         prob[small[i]] = 1.0
 
 
+@numba.njit(cache=True)
+def build_alias(weights: np.ndarray, prob: np.ndarray, alias: np.ndarray) -> None:
+    """Walker/Vose alias table of the non-negative ``weights`` into ``prob`` and ``alias``."""
+    k = weights.shape[0]
+    _build_alias_n(weights, k, prob, alias, np.empty(k, dtype=np.int32),
+                   np.empty(k, dtype=np.int32))
+
+
 @numba.njit(cache=True, inline="always")
-def alias_draw(prob: np.ndarray, alias: np.ndarray) -> int:
-    """One O(1) draw from an alias table."""
-    u = np.random.random() * prob.shape[0]
-    i = int(u)
-    if u - i < prob[i]:
+def _alias_pick(prob, alias, n, u):
+    """The draw of an alias table of ``n`` entries for the uniform ``u`` in [0, 1)."""
+    x = u * n
+    i = min(int(x), n - 1)  # u * n can round up to n
+    if x - i < prob[i]:
         return i
     return alias[i]
 
 
+@numba.njit(cache=True, inline="always")
+def alias_draw(prob: np.ndarray, alias: np.ndarray, state: np.ndarray) -> int:
+    """One O(1) draw from an alias table, advancing the generator ``state``
+    (:func:`rng_state`)."""
+    return _alias_pick(prob, alias, prob.shape[0], _uniform(state))
+
+
 @numba.njit(cache=True)
-def _sample_alias(prob: np.ndarray, alias: np.ndarray, n: int, out: np.ndarray) -> None:
+def _sample_alias(prob, alias, n, state, out) -> None:
     for i in range(n):
-        out[i] = alias_draw(prob, alias)
+        out[i] = alias_draw(prob, alias, state)
 
 
 def sample_alias(weights: np.ndarray, n: int, random_state: int = 0) -> np.ndarray:
@@ -199,9 +253,8 @@ def sample_alias(weights: np.ndarray, n: int, random_state: int = 0) -> np.ndarr
     w = np.asarray(weights, dtype=np.float64)
     prob, alias = np.empty(len(w)), np.empty(len(w), dtype=np.int32)
     build_alias(w, prob, alias)
-    seed_numba(random_state)
     out = np.empty(n, dtype=np.int64)
-    _sample_alias(prob, alias, n, out)
+    _sample_alias(prob, alias, n, rng_state(random_state), out)
     return out
 
 
@@ -211,57 +264,130 @@ def _priv(count: float, noise: float, tau: float) -> float:
     return v if v > tau else 0.0
 
 
+class _DocProposal(NamedTuple):
+    """Scratch of the doc proposal, allocated once per sweep (K entries each)."""
+
+    dq: np.ndarray      # ñ_dt + α, unnormalized: what the acceptance reads
+    weight: np.ndarray  # ñ_dt of the nonzero entries
+    topic: np.ndarray   # their topics (int32)
+    prob: np.ndarray    # alias table over them
+    alias: np.ndarray
+    small: np.ndarray   # alias-build scratch (int32)
+    large: np.ndarray
+
+
+@numba.njit(cache=True)
+def _doc_proposal_new(k):
+    return _DocProposal(np.empty(k), np.empty(k), np.empty(k, dtype=np.int32), np.empty(k),
+                        np.empty(k, dtype=np.int32), np.empty(k, dtype=np.int32),
+                        np.empty(k, dtype=np.int32))
+
+
+@numba.njit(cache=True)
+def _doc_proposal_build(dp, ndk, noise, d, tau, alpha):
+    """Table of q_d(t) ∝ ñ_dt + α for document d, as the mixture of an alias table over the
+    nonzero ñ_dt (few: a document touches few topics and τ clips most noise on the others)
+    and the uniform α part. A document then costs O(K) arithmetic plus an alias build over its
+    nonzero topics, not an alias build over all K. Returns (number of nonzero topics, their
+    share of the mass), which :func:`_doc_proposal_draw` takes."""
+    k = dp.dq.shape[0]
+    nnz = 0
+    mass = 0.0
+    for t in range(k):
+        v = _priv(ndk[d, t], noise[d, t], tau)
+        dp.dq[t] = v + alpha
+        if v > 0.0:
+            dp.weight[nnz] = v
+            dp.topic[nnz] = t
+            nnz += 1
+            mass += v
+    if nnz > 0:
+        _build_alias_n(dp.weight, nnz, dp.prob, dp.alias, dp.small, dp.large)
+    return nnz, mass / (mass + k * alpha)
+
+
+@numba.njit(cache=True, inline="always")
+def _doc_proposal_draw(dp, nnz, share, u):
+    """A draw of the doc proposal for the uniform ``u``: u < share picks the sparse part (and
+    u / share is again uniform), the rest the uniform part."""
+    if u < share:
+        return dp.topic[_alias_pick(dp.prob, dp.alias, nnz, u / share)]
+    k = dp.dq.shape[0]
+    return min(int((u - share) / (1.0 - share) * k), k - 1)
+
+
+@numba.njit(cache=True)
+def _doc_proposal_draws(counts, noise, tau, alpha, n, random_state, out) -> None:
+    """``n`` draws of the doc proposal of one document (for tests)."""
+    dp = _doc_proposal_new(counts.shape[1])
+    nnz, share = _doc_proposal_build(dp, counts, noise, 0, tau, alpha)
+    state = np.empty(1, dtype=np.uint64)
+    state[0] = random_state
+    for i in range(n):
+        out[i] = _doc_proposal_draw(dp, nnz, share, _uniform(state))
+
+
 @numba.njit(cache=True)
 def _word_tables(nwk, nk, beta, beta_sum, wq, wprob, walias) -> None:
     n_words, k = nwk.shape
+    small = np.empty(k, dtype=np.int32)
+    large = np.empty(k, dtype=np.int32)
+    inv = np.empty(k)
+    for t in range(k):
+        inv[t] = 1.0 / (nk[t] + beta_sum[t])
     for w in range(n_words):
         z = 0.0
         for t in range(k):
-            wq[w, t] = (nwk[w, t] + beta[w, t]) / (nk[t] + beta_sum[t])
+            wq[w, t] = (nwk[w, t] + beta[w, t]) * inv[t]
             z += wq[w, t]
         for t in range(k):
             wq[w, t] /= z  # normalized: the sentence proposal mixes words' tables
-        build_alias(wq[w], wprob[w], walias[w])
+        _build_alias_n(wq[w], k, wprob[w], walias[w], small, large)
 
 
 @numba.njit(cache=True)
 def _sweep_lda(words, doc_ptr, z, ndk, noise, nwk, nk, alpha, beta, beta_sum, tau, mh_steps,
-               wq, wprob, walias) -> int:
+               wq, wprob, walias, state) -> int:
     """One MH sweep over all tokens; returns the number of accepted moves."""
     k = nk.shape[0]
     _word_tables(nwk, nk, beta, beta_sum, wq, wprob, walias)
-    dq = np.empty(k)
-    dprob = np.empty(k)
-    dalias = np.empty(k, dtype=np.int32)
+    dp = _doc_proposal_new(k)
+    dq = dp.dq
+    # 1 / (n_t + Σ_w β_wt), kept current on every move: no division per MH step
+    inv = np.empty(k)
+    for t in range(k):
+        inv[t] = 1.0 / (nk[t] + beta_sum[t])
     accepted = 0
     for d in range(doc_ptr.shape[0] - 1):
-        for t in range(k):
-            dq[t] = _priv(ndk[d, t], noise[d, t], tau) + alpha
-        build_alias(dq, dprob, dalias)
+        nnz, share = _doc_proposal_build(dp, ndk, noise, d, tau, alpha)
         for i in range(doc_ptr[d], doc_ptr[d + 1]):
             w = words[i]
             old = z[i]
             s = old
-            # p(s) is cached and only recomputed on acceptance (p(t) becomes the new p(s))
-            ps = ((_priv(ndk[d, s] - 1.0, noise[d, s], tau) + alpha)
-                  * (nwk[w, s] - 1.0 + beta[w, s]) / (nk[s] - 1.0 + beta_sum[s]))
+            # collapsed conditional p(t) with token i removed (its counts sit on ``old``);
+            # p(old) is needed whenever the chain returns to it, so it is computed once
+            p_old = ((_priv(ndk[d, old] - 1.0, noise[d, old], tau) + alpha)
+                     * (nwk[w, old] - 1.0 + beta[w, old]) / (nk[old] - 1.0 + beta_sum[old]))
+            ps = p_old
             for _ in range(mh_steps):
                 for proposal in range(2):
+                    u = _uniform(state)
                     if proposal == 0:
-                        t = alias_draw(dprob, dalias)
+                        t = _doc_proposal_draw(dp, nnz, share, u)
                         qs = dq[s]
                         qt = dq[t]
                     else:
-                        t = alias_draw(wprob[w], walias[w])
+                        t = _alias_pick(wprob[w], walias[w], k, u)
                         qs = wq[w, s]
                         qt = wq[w, t]
                     if t == s:
                         continue
-                    # collapsed conditional with token i removed (its counts sit on ``old``)
-                    et = 1.0 if t == old else 0.0
-                    pt = ((_priv(ndk[d, t] - et, noise[d, t], tau) + alpha)
-                          * (nwk[w, t] - et + beta[w, t]) / (nk[t] - et + beta_sum[t]))
-                    if np.random.random() * ps * qt < pt * qs:
+                    if t == old:
+                        pt = p_old
+                    else:
+                        pt = ((_priv(ndk[d, t], noise[d, t], tau) + alpha)
+                              * (nwk[w, t] + beta[w, t]) * inv[t])
+                    if _uniform(state) * ps * qt < pt * qs:
                         s = t
                         ps = pt
             if s != old:
@@ -273,84 +399,101 @@ def _sweep_lda(words, doc_ptr, z, ndk, noise, nwk, nk, alpha, beta, beta_sum, ta
                 nwk[w, s] += 1
                 nk[s] += 1
                 z[i] = s
+                inv[old] = 1.0 / (nk[old] + beta_sum[old])
+                inv[s] = 1.0 / (nk[s] + beta_sum[s])
     return accepted
+
+
+@numba.njit(cache=True)
+def _sentence_repeats(words, sent_ptr, reps, tots) -> None:
+    """For each token, the earlier occurrences of its word in its sentence (``reps``) and its
+    total there (``tots``); they depend on the corpus only, so once per fit."""
+    for si in range(sent_ptr.shape[0] - 1):
+        a = sent_ptr[si]
+        n = sent_ptr[si + 1] - a
+        for j in range(n):
+            r = 0
+            c = 0
+            for m in range(n):
+                if words[a + m] == words[a + j]:
+                    c += 1
+                    if m < j:
+                        r += 1
+            reps[a + j] = r
+            tots[a + j] = c
 
 
 @numba.njit(cache=True)
 def _sentence_logp(words, a, b, reps, tots, d, t, old, ndk, noise, nwk, nk, alpha, beta,
                    beta_sum, tau) -> float:
-    """log p(sentence a:b on topic t | rest), the sentence's own counts removed from ``old``."""
+    """log p(sentence a:b on topic t | rest), the sentence's own counts removed from ``old``.
+
+    The factors are multiplied and their log taken every 16 words, not one log per factor:
+    16 factors stay within [1e-32, 1e144] for any count below 1e9, so neither product
+    overflows nor underflows."""
     e = 1.0 if t == old else 0.0
     n = b - a
+    base = nk[t] - e * n + beta_sum[t]
     lp = np.log(_priv(ndk[d, t] - e, noise[d, t], tau) + alpha)
+    num = 1.0
+    den = 1.0
     for j in range(n):
         w = words[a + j]
-        lp += np.log(nwk[w, t] - e * tots[j] + beta[w, t] + reps[j])
-        lp -= np.log(nk[t] - e * n + beta_sum[t] + j)
-    return lp
+        num *= nwk[w, t] - e * tots[a + j] + beta[w, t] + reps[a + j]
+        den *= base + j
+        if (j & 15) == 15:
+            lp += np.log(num / den)
+            num = 1.0
+            den = 1.0
+    return lp + np.log(num / den)
 
 
 @numba.njit(cache=True)
 def _sweep_sentence(words, sent_ptr, doc_sent_ptr, zs, ndk, noise, nwk, nk, alpha, beta,
-                    beta_sum, tau, mh_steps, wq, wprob, walias) -> int:
+                    beta_sum, tau, mh_steps, wq, wprob, walias, reps, tots, state) -> int:
     """One MH sweep over all sentences (one topic per sentence); accepted moves."""
     k = nk.shape[0]
     _word_tables(nwk, nk, beta, beta_sum, wq, wprob, walias)
-    dq = np.empty(k)
-    dprob = np.empty(k)
-    dalias = np.empty(k, dtype=np.int32)
-    max_len = 1
-    for s in range(sent_ptr.shape[0] - 1):
-        max_len = max(max_len, sent_ptr[s + 1] - sent_ptr[s])
-    reps = np.zeros(max_len)
-    tots = np.zeros(max_len)
+    dp = _doc_proposal_new(k)
+    dq = dp.dq
     accepted = 0
     for d in range(doc_sent_ptr.shape[0] - 1):
-        for t in range(k):
-            dq[t] = _priv(ndk[d, t], noise[d, t], tau) + alpha
-        build_alias(dq, dprob, dalias)
+        nnz, share = _doc_proposal_build(dp, ndk, noise, d, tau, alpha)
         for si in range(doc_sent_ptr[d], doc_sent_ptr[d + 1]):
             a = sent_ptr[si]
             b = sent_ptr[si + 1]
             n = b - a
             if n == 0:
                 continue
-            # earlier occurrences of each word within the sentence, and its total there
-            for j in range(n):
-                r = 0.0
-                c = 0.0
-                for m in range(n):
-                    if words[a + m] == words[a + j]:
-                        c += 1.0
-                        if m < j:
-                            r += 1.0
-                reps[j] = r
-                tots[j] = c
             old = zs[si]
             s = old
-            lps = _sentence_logp(words, a, b, reps, tots, d, s, old, ndk, noise, nwk, nk,
-                                 alpha, beta, beta_sum, tau)
+            lp_old = _sentence_logp(words, a, b, reps, tots, d, old, old, ndk, noise, nwk, nk,
+                                    alpha, beta, beta_sum, tau)
+            lps = lp_old
             for _ in range(mh_steps):
                 for proposal in range(2):
                     if proposal == 0:
-                        t = alias_draw(dprob, dalias)
-                        lqs = np.log(dq[s])
-                        lqt = np.log(dq[t])
+                        t = _doc_proposal_draw(dp, nnz, share, _uniform(state))
+                        qs = dq[s]
+                        qt = dq[t]
                     else:
-                        w = words[a + int(np.random.random() * n)]
-                        t = alias_draw(wprob[w], walias[w])
+                        w = words[a + min(int(_uniform(state) * n), n - 1)]
+                        t = _alias_pick(wprob[w], walias[w], k, _uniform(state))
+                        # the proposal is the mixture over the sentence's words
                         qs = 0.0
                         qt = 0.0
-                        for j in range(n):
-                            qs += wq[words[a + j], s]
-                            qt += wq[words[a + j], t]
-                        lqs = np.log(qs)
-                        lqt = np.log(qt)
+                        for j in range(a, b):
+                            qs += wq[words[j], s]
+                            qt += wq[words[j], t]
                     if t == s:
                         continue
-                    lpt = _sentence_logp(words, a, b, reps, tots, d, t, old, ndk, noise, nwk,
-                                         nk, alpha, beta, beta_sum, tau)
-                    if np.log(np.random.random()) < lpt - lps + lqs - lqt:
+                    if t == old:
+                        lpt = lp_old
+                    else:
+                        lpt = _sentence_logp(words, a, b, reps, tots, d, t, old, ndk, noise,
+                                             nwk, nk, alpha, beta, beta_sum, tau)
+                    # accept with min(1, p(t) q(s) / (p(s) q(t))); exp overflow accepts
+                    if _uniform(state) * qt < np.exp(lpt - lps) * qs:
                         s = t
                         lps = lpt
             if s != old:
@@ -565,17 +708,23 @@ class LDAMH:
         wprob = np.empty((v, k))
         walias = np.empty((v, k), dtype=np.int32)
         tau = float(self.tau)
+        state = rng_state(seed)
+        if self.sentence:
+            reps = np.empty(corpus.n_tokens, dtype=np.int32)
+            tots = np.empty(corpus.n_tokens, dtype=np.int32)
+            _sentence_repeats(corpus.words, corpus.sent_ptr, reps, tots)
         accepted = 0
         for _ in range(self.n_iter):
             if self.sentence:
                 accepted = _sweep_sentence(corpus.words, corpus.sent_ptr, corpus.doc_sent_ptr,
                                            self.z_, self.ndk_, self.noise_, self.nwk_,
                                            self.nk_, float(self.alpha), beta, beta_sum, tau,
-                                           self.mh_steps, wq, wprob, walias)
+                                           self.mh_steps, wq, wprob, walias, reps, tots, state)
             else:
                 accepted = _sweep_lda(corpus.words, corpus.doc_ptr, self.z_, self.ndk_,
                                       self.noise_, self.nwk_, self.nk_, float(self.alpha),
-                                      beta, beta_sum, tau, self.mh_steps, wq, wprob, walias)
+                                      beta, beta_sum, tau, self.mh_steps, wq, wprob, walias,
+                                      state)
         self.acceptance_ = accepted / max(len(self.z_), 1)
         self.n_tokens_ = corpus.n_tokens
         self._beta = beta
