@@ -39,6 +39,8 @@ class Relay(threading.Thread):
                 client, _ = self.listener.accept()
             except TimeoutError:
                 continue
+            except OSError:  # stop() closed the listener while accept() waited
+                return
             server = socket.create_connection(("127.0.0.1", self.target))
             threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
 
@@ -62,6 +64,7 @@ class Relay(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
+        self.join(timeout=1.0)  # accept() returns within its 0.2 s timeout
         self.listener.close()
 
 
