@@ -427,7 +427,15 @@ class Master:
         # never shows a round that a resumed master would run again.
         every = self.cfg.checkpoint_every
         due = every and (rnd.number % every == 0 or rnd.number >= self.cfg.rounds)
-        self._checkpoints.submit(self._checkpoint(events) if due else None, events)
+        ckpt = self._checkpoint(events) if due else None  # the state as this round left it
+        try:
+            self._next_round(rnd)
+        finally:
+            # Handed to the writer thread only once the next round is out: its serialization
+            # would otherwise hold the GIL while the main thread publishes.
+            self._checkpoints.submit(ckpt, events)
+
+    def _next_round(self, rnd: RoundState) -> None:
         if rnd.number >= self.cfg.rounds or self.family.finished():
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT
