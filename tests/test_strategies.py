@@ -265,3 +265,32 @@ def test_fedopt_keeps_dtype_and_refuses_bad_parameters():
     with pytest.raises(ValueError, match="beta_1"):
         FedAdam(beta_1=1.0)
     assert make_strategy("fedyogi", eta=0.5).eta == 0.5
+
+
+def test_blocked_average_equals_the_plain_formula_across_block_edges(monkeypatch) -> None:
+    import master.strategies.aggregate as agg
+
+    monkeypatch.setattr(agg, "CHUNK", 7)  # 7 does not divide 5 x 13: a short last block
+    rng = np.random.default_rng(3)
+    clients = [{"w": rng.normal(size=(5, 13)).astype(np.float32),
+                "n": np.arange(4, dtype=np.int64) * i} for i in range(1, 4)]
+    got = agg.weighted_average(clients, [1.0, 2.0, 5.0])
+    w = np.array([1.0, 2.0, 5.0]) / 8.0
+    assert got["w"].dtype == np.float32 and got["w"].shape == (5, 13)
+    pairs = list(zip(w, clients, strict=True))
+    np.testing.assert_allclose(got["w"], sum(wi * c["w"] for wi, c in pairs), rtol=1e-6)
+    # Integer arrays are averaged in float64 and truncated, as before the blocking.
+    np.testing.assert_array_equal(got["n"], sum(wi * c["n"] for wi, c in pairs).astype(np.int64))
+
+
+def test_all_finite_finds_a_nan_in_any_block(monkeypatch) -> None:
+    import master.strategies.aggregate as agg
+
+    monkeypatch.setattr(agg, "CHUNK", 4)
+    a = np.zeros(11, dtype=np.float32)
+    assert agg.all_finite(a) and agg.all_finite(np.zeros(0)) and agg.all_finite(a[:, None])
+    for i in (0, 3, 4, 10):
+        b = a.copy()
+        b[i] = np.nan if i % 2 else np.inf
+        assert not agg.all_finite(b), i
+    assert agg.all_finite(np.arange(5))  # integers are always finite

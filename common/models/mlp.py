@@ -119,9 +119,17 @@ class MLPClassifier:
         self.last_loss_ = float("nan")
 
     # -- parameters as named numpy arrays: what travels on the wire ------------------------
-    def get_arrays(self) -> dict[str, np.ndarray]:
-        """The weights as named float32 arrays (copies, safe to send while training goes on)."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.model_.state_dict().items()}
+    def get_arrays(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """The weights as named float32 arrays.
+
+        Parameters
+        ----------
+        copy : bool, default True
+            Copies, safe to keep while the model trains on. ``False`` gives views of the
+            model's own memory (on the CPU): valid until the model is next trained or loaded.
+        """
+        arrays = {k: v.detach().cpu().numpy() for k, v in self.model_.state_dict().items()}
+        return {k: a.copy() for k, a in arrays.items()} if copy else arrays
 
     def set_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Load weights from named arrays (e.g. the global model just received)."""

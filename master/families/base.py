@@ -12,6 +12,7 @@ import numpy as np
 from common.config import ClusterConfig
 from common.wire import ProtocolError
 from master.strategies import ClientResult, Strategy
+from master.strategies.aggregate import all_finite
 
 
 @dataclass
@@ -104,7 +105,7 @@ class ServerFamily(ABC):
             if a.shape != ref.shape:
                 raise ProtocolError(f"array {name!r}: shape {a.shape} but the model has "
                                     f"{ref.shape}", code="shape")
-            if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            if not all_finite(a):
                 raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
 
     def simulation_baselines(self) -> dict[str, Any] | None:
