@@ -17,12 +17,13 @@ from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_save_npy"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_save_npy"]
 
 
-def _atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: bool = True
-                  ) -> None:
-    """Write ``path`` atomically; ``write`` fills the open temp file."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: bool = True
+                 ) -> None:
+    """Write ``path`` atomically: ``write`` fills a temp file beside it, which then replaces
+    ``path`` (after an fsync when ``durable``, see :func:`atomic_write_bytes`)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -64,7 +65,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, durable: bool = True) -> N
         refetch a garbled entry pass False: the rename alone keeps readers from ever seeing a
         partial file, at a fraction of the cost.
     """
-    _atomic_write(path, lambda fh: fh.write(data), durable)
+    atomic_write(path, lambda fh: fh.write(data), durable)
 
 
 def atomic_save_npy(path: str | Path, array: np.ndarray) -> None:
@@ -80,4 +81,4 @@ def atomic_save_npy(path: str | Path, array: np.ndarray) -> None:
     array : np.ndarray
         The array to save.
     """
-    _atomic_write(path, lambda fh: np.save(fh, np.asarray(array), allow_pickle=False))
+    atomic_write(path, lambda fh: np.save(fh, np.asarray(array), allow_pickle=False))

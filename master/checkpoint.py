@@ -9,17 +9,16 @@ sampling generator's state. Loading uses ``allow_pickle=False``.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from common.atomic import atomic_write_bytes
+from common.atomic import atomic_write
 from common.metrics import MetricsLog
 
 log = logging.getLogger("fedctl.master")
@@ -45,14 +44,14 @@ class Checkpoint:
     strategy_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     family_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def to_bytes(self) -> bytes:
+    def write_to(self, fh: BinaryIO) -> None:
+        """Write the checkpoint as an ``.npz`` archive to the open file ``fh``."""
         arrays = {f"global/{k}": v for k, v in self.global_arrays.items()}
         arrays |= {f"strategy/{k}": v for k, v in self.strategy_arrays.items()}
         arrays |= {f"family/{k}": v for k, v in self.family_arrays.items()}
         arrays[_META] = np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return buf.getvalue()
+        # Straight into the file: no in-memory copy of a model that may be 100 MB.
+        np.savez(fh, **arrays)
 
     @classmethod
     def load(cls, folder: str | Path) -> Checkpoint:
@@ -125,7 +124,7 @@ class CheckpointWriter:
                 self._busy = True
             try:
                 if ckpt is not None:
-                    atomic_write_bytes(self.path, ckpt.to_bytes())
+                    atomic_write(self.path, ckpt.write_to)
             except Exception:  # a full disk must not stop training; the log says so
                 log.exception("could not write checkpoint %s", self.path)
             for e in events:
