@@ -58,6 +58,10 @@ REPORT_TIMEOUT = 120.0
 #: Poll granularity of the master's and workers' event loops, in milliseconds.
 POLL_INTERVAL_MS = 20
 
+#: libzmq I/O threads of the master's context: the PUB fans every model out to each worker's
+#: connection, so a second thread writes two of them at once (100 MB to 3 workers: -10 %).
+MASTER_IO_THREADS = 2
+
 #: ZeroMQ high-water marks: bound the queues so a slow peer cannot exhaust memory.
 PUB_SNDHWM = 64
 SUB_RCVHWM = 64

@@ -92,7 +92,7 @@ class Master:
     def __init__(self, cfg: ClusterConfig, ctx: zmq.Context | None = None,
                  resume: bool = False) -> None:
         self.cfg = cfg
-        self.ctx = ctx or zmq.Context.instance()
+        self.ctx = ctx or zmq.Context.instance(io_threads=C.MASTER_IO_THREADS)
         self.family: ServerFamily = make_server_family(cfg)
         self.run_id = secrets.token_hex(4)
         # A new one at every start of the process: workers that see it change re-register.
