@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.aggregate import weighted_average
 from master.strategies import STRATEGIES, ClientResult, FedAvg, MeanPooling, make_strategy
-from master.strategies.aggregate import weighted_average
 from master.strategies.base import Strategy
 
 
@@ -268,7 +268,7 @@ def test_fedopt_keeps_dtype_and_refuses_bad_parameters():
 
 
 def test_blocked_average_equals_the_plain_formula_across_block_edges(monkeypatch) -> None:
-    import master.strategies.aggregate as agg
+    import common.aggregate as agg
 
     monkeypatch.setattr(agg, "CHUNK", 7)  # 7 does not divide 5 x 13: a short last block
     rng = np.random.default_rng(3)
@@ -284,7 +284,7 @@ def test_blocked_average_equals_the_plain_formula_across_block_edges(monkeypatch
 
 
 def test_all_finite_finds_a_nan_in_any_block(monkeypatch) -> None:
-    import master.strategies.aggregate as agg
+    import common.aggregate as agg
 
     monkeypatch.setattr(agg, "CHUNK", 4)
     a = np.zeros(11, dtype=np.float32)

@@ -42,11 +42,11 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
+from common.aggregate import weighted_average
 from common.topic_metrics import top_words
 
 __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
-           "simulate_sync", "simulate_union", "weighted_mean",
-           "relative_change"]
+           "simulate_sync", "simulate_union", "relative_change"]
 
 MODES = ("sync", "fedavg")
 #: Width of the all-MiniLM-L6-v2 sentence embedding CombinedTM concatenates to the BoW.
@@ -209,20 +209,6 @@ def batch_schedule(n: int, batch_size: int, random_state: int) -> Iterator[np.nd
         order = rng.permutation(n)
         for start in range(0, n, batch_size):
             yield order[start:start + batch_size]
-
-
-def weighted_mean(arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
-                  ) -> dict[str, np.ndarray]:
-    """Weighted mean of equally named arrays (in the given order: reproducible sums)."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    out = {}
-    for name in arrays[0]:
-        acc = np.zeros(arrays[0][name].shape, dtype=np.float64)
-        for wi, a in zip(w, arrays, strict=True):
-            acc += wi * np.asarray(a[name], dtype=np.float64)
-        out[name] = acc.astype(arrays[0][name].dtype)
-    return out
 
 
 class NeuralTopicModel:
@@ -581,7 +567,7 @@ def simulate_sync(shards: Sequence[tuple[Any, np.ndarray | None]], params: NTMPa
             ids = None if doc_ids is None else np.asarray(doc_ids[i])[rows]
             grads.append(node.gradients(X, ctx, rows, ids, step=t))
             sizes.append(len(rows))
-        glob.apply_gradients(weighted_mean(grads, sizes))
+        glob.apply_gradients(weighted_average(grads, sizes, accumulate=np.float64))
     return glob
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from common.aggregate import all_finite
 from common.config import ClusterConfig
 from common.wire import ProtocolError
 from master.strategies import ClientResult, Strategy
-from master.strategies.aggregate import all_finite
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from sklearn.cluster import KMeans
 
+from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
 from common.models.fstc import FSTCClusterer, FSTCParams, aggregate_centers, score_clustering
 from common.models.kfed import combine_centers
@@ -28,7 +29,6 @@ from common.shards import local_data, sentence_features, simulated, worker_seed
 from common.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.strategies import ClientResult, Strategy
-from master.strategies.aggregate import weighted_average
 
 log = logging.getLogger("fedctl.master")
 

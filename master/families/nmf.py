@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
 from common.models.nmf import COMPONENTS, NMFParams, heldout_scores
 from common.shards import local_data, simulated, worker_seed
@@ -16,7 +17,6 @@ from common.text import bow_matrix
 from master.families.base import Payload, ServerFamily
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
-from master.strategies.aggregate import weighted_average
 
 log = logging.getLogger("fedctl.master")
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
 from common.models.ntm import (
     CONTEXT_SIZE,
     NeuralTopicModel,
     NTMParams,
     relative_change,
-    weighted_mean,
 )
 from master.families.base import Payload, ServerFamily
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
@@ -85,7 +85,8 @@ class ProdLDAServer(ServerFamily):
         assert self.model_ is not None, "setup() first"
         before = self.global_.arrays
         if self.params.mode == "sync":
-            grads = weighted_mean([r.arrays for r in results], [r.n_samples for r in results])
+            grads = weighted_average([r.arrays for r in results], [r.n_samples for r in results],
+                                     accumulate=np.float64)
             # model_ already holds the global weights (set up, stepped or restored here).
             self.model_.apply_gradients(grads)
             arrays = self.model_.get_arrays()

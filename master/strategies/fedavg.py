@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from master.strategies.aggregate import weighted_average
+from common.aggregate import weighted_average
 from master.strategies.base import ClientResult, Strategy
 
 

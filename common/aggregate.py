@@ -1,4 +1,4 @@
-"""Math shared by the aggregation strategies."""
+"""Math shared by the aggregation strategies, the model families and their simulations."""
 
 from __future__ import annotations
 
@@ -12,15 +12,20 @@ Arrays = Mapping[str, np.ndarray]
 CHUNK = 1 << 18
 
 
-def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float]) -> dict[str, np.ndarray]:
-    """Σ w_i · Θ_i / Σ w_i, array by array, in each array's own dtype.
+def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float],
+                     accumulate: np.dtype | type | None = None) -> dict[str, np.ndarray]:
+    """Σ w_i · Θ_i / Σ w_i, array by array, returned in each array's own dtype.
 
     Parameters
     ----------
     arrays : sequence of mappings of str to numpy.ndarray
-        One mapping per client, all with the same names and shapes.
+        One mapping per client, all with the same names and shapes. Summed in the given
+        order, so the same inputs always give the same bits.
     weights : sequence of float
         One non-negative weight per client; at least one must be positive.
+    accumulate : dtype, optional
+        Dtype of the running sum; default: the array's own, at least float32 (``float64``
+        where the result must match a centralized computation closely).
     """
     if not arrays:
         raise ValueError("nothing to aggregate")
@@ -32,7 +37,7 @@ def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float]) -> dict
     out: dict[str, np.ndarray] = {}
     for name in arrays[0]:
         first = np.asarray(arrays[0][name])
-        acc_dtype = np.result_type(first.dtype, np.float32)
+        acc_dtype = np.dtype(accumulate or np.result_type(first.dtype, np.float32))
         flat = [np.asarray(a[name]).reshape(-1) for a in arrays]
         acc = np.empty(first.size, dtype=acc_dtype)
         scratch = np.empty(min(first.size, CHUNK), dtype=acc_dtype)
