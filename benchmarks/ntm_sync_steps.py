@@ -73,6 +73,10 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=2000)
     ap.add_argument("--topics", type=int, default=50)
     ap.add_argument("--limit", type=int, default=3000, help="documents of dbpedia_10k used")
+    ap.add_argument("--checkpoint-every", type=int, default=100,
+                    help="master checkpoint period in steps (a sync run takes thousands of "
+                         "steps; 1 writes 4 MB and fsyncs at every step)")
+    ap.add_argument("--compression", default="none", help="update compression: none, float16")
     args = ap.parse_args()
 
     out = Path(tempfile.mkdtemp(prefix="ntm_steps_"))
@@ -83,6 +87,8 @@ def main() -> None:
            "model": {"family": "prodlda", "mode": "sync", "n_topics": args.topics,
                      "vocab_size": args.vocab, "eval_every": 10 ** 9},
            "rounds": args.steps, "min_workers": args.workers,
+           "checkpoint_every": args.checkpoint_every,
+           "compression": {"kind": args.compression},
            "data": {"path": str(ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"),
                     "limit": args.limit, "partition": "iid"},
            "output_dir": str(out / "out"), "baselines": False, "seed": 0}
@@ -124,10 +130,11 @@ def main() -> None:
         "# Synchronous gFedNTM steps on loopback",
         "",
         f"ProdLDA, `mode: sync`, {res['workers']} worker processes + 1 master on "
-        f"{res['cpu_count']} CPU cores shared with other jobs (timings are noisy), plaintext "
-        f"ZeroMQ over 127.0.0.1, V = {res['vocab']}, K = {res['topics']} "
+        f"{res['cpu_count']} CPU cores (load average {os.getloadavg()[0]:.1f} at the end), "
+        f"plaintext ZeroMQ over 127.0.0.1, V = {res['vocab']}, K = {res['topics']} "
         f"({res['parameters']:,} numbers in the model), batch 64 per worker, "
-        f"{res['steps']} steps.",
+        f"{res['steps']} steps, checkpoint every {args.checkpoint_every} steps, "
+        f"update compression {args.compression}.",
         "",
         "| metric | value |", "|---|---|",
         f"| steps/s (from round durations) | {res['steps_per_s_from_durations']:.1f} |",
