@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -124,6 +125,24 @@ def make_config(embed_cache: Path) -> MakeConfig:
         return path
 
     return make
+
+
+def start_worker_threads(cfg: Any, worker_ids: list[str], reports: dict[str, Any],
+                         errors: list[BaseException]) -> list[threading.Thread]:
+    """Run ``Worker(cfg, id).run()`` for each id on a daemon thread of this process; each
+    final report lands in ``reports``, each exception in ``errors``."""
+    from worker.client import Worker
+
+    def work(wid: str) -> None:
+        try:
+            reports[wid] = Worker(cfg, wid).run()
+        except BaseException as exc:  # surfaced by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in worker_ids]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def fedctl_cmd(*args: str) -> list[str]:

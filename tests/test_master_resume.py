@@ -23,8 +23,7 @@ import zmq
 from common.config import load_config
 from common.wire import Message, decode, encode
 from master.server import Master
-from tests.conftest import MakeConfig, events
-from worker.client import Worker
+from tests.conftest import MakeConfig, events, start_worker_threads
 
 pytestmark = pytest.mark.slow
 WORKERS = ["w1", "w2", "w3"]
@@ -41,12 +40,6 @@ def _run(cfg_path: Path, resume: bool = False, hold: bool = False
     reports: dict[str, Any] = {}
     errors: list[BaseException] = []
 
-    def work(wid: str) -> None:
-        try:
-            reports[wid] = Worker(cfg, wid).run()
-        except BaseException as exc:  # surfaced by the test
-            errors.append(exc)
-
     def serve() -> None:
         try:
             master.serve()
@@ -57,8 +50,7 @@ def _run(cfg_path: Path, resume: bool = False, hold: bool = False
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    for wid in WORKERS:
-        threading.Thread(target=work, args=(wid,), daemon=True).start()
+    start_worker_threads(cfg, WORKERS, reports, errors)
     return master, server, reports, errors
 
 

@@ -7,7 +7,6 @@ processes would.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +17,7 @@ from common.config import parse_config
 from master.families import SERVER_FAMILIES, Payload, ServerFamily
 from master.server import Master
 from master.strategies import ClientResult
-from tests.conftest import DATA, free_ports
-from worker.client import Worker
+from tests.conftest import DATA, free_ports, start_worker_threads
 from worker.families import CLIENT_FAMILIES, ClientFamily, FitResult
 
 WORKERS = ["w1", "w2", "w3"]
@@ -86,16 +84,7 @@ def test_each_worker_gets_its_own_payload(echo_family, tmp_path) -> None:
     master.bind()
     reports: dict[str, Any] = {}
     errors: list[BaseException] = []
-
-    def work(wid: str) -> None:
-        try:
-            reports[wid] = Worker(cfg, wid).run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in WORKERS]
-    for t in threads:
-        t.start()
+    threads = start_worker_threads(cfg, WORKERS, reports, errors)
     try:
         master.serve()
     finally:
