@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -71,6 +70,7 @@ from common.topic_metrics import (  # noqa: E402
     top_words,
     topic_diversity,
 )
+from common.transport import free_ports  # noqa: E402
 from master.families.nmf import NMFServer  # noqa: E402
 from master.strategies import ClientResult, make_strategy  # noqa: E402
 from worker.families.nmf import NMFClient  # noqa: E402
@@ -299,21 +299,11 @@ def plot(sweep: dict[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 def cluster_run(mi: bool, args: argparse.Namespace) -> dict[str, Any]:
     """``fedctl run`` with 10 workers on stackoverflow; figures from its metrics.jsonl."""
     with tempfile.TemporaryDirectory() as tmp:
-        pub, rep = _free_ports(2)
+        pub, rep = free_ports(2)
         out = Path(tmp) / "out"
         raw = {"master": {"host": "127.0.0.1", "bind": "127.0.0.1", "pub_port": pub,
                           "rep_port": rep},

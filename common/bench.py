@@ -35,7 +35,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import numpy as np
 import yaml
 
 from common.config import ClusterConfig, config_to_dict, load_config
+from common.transport import free_ports
 
 SECTIONS = ("centralized", "anatomy", "scaling", "compression")
 THREAD_WORKERS_FROM = 30  # N at or above which workers run as threads of this process
@@ -110,19 +110,6 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------ helpers
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports nobody listens on right now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 def n_params(hidden: int, input_dim: int = 384, n_classes: int = 2) -> int:
     """Parameter count of the MLP: ``input_dim*h + h + h*n_classes + n_classes``."""

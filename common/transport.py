@@ -7,6 +7,7 @@ is small enough to read in one sitting, as the ZeroMQ guide's patterns are.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -189,6 +190,21 @@ class LazyPirateClient:
             self._sock = None
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports nobody listens on right now on ``host`` (all bound at once,
+    read back, released), for local clusters, tests and benchmarks."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def wait_readable(sockets: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Socket]:
     """Poll sockets for input; returns those with a message waiting."""
     poller = zmq.Poller()
@@ -198,6 +214,7 @@ def wait_readable(sockets: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Soc
 
 
 __all__ = [
+    "free_ports",
     "LazyPirateClient", "PeerUnreachable", "ProtocolError", "RemoteError", "bind_pub",
     "bind_rep", "connect_sub", "recv", "send", "send_error", "wait_readable",
 ]

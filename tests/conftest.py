@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from common.transport import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
 LIMIT = 600
@@ -35,19 +37,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (all held open until every one is chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def child_env(cache_dir: Path | str | None = None) -> dict[str, str]:
