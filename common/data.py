@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from common.atomic import atomic_save_npy
+from common.partitions import dirichlet_equal
 
 __all__ = [
     "DataError",
@@ -39,7 +40,7 @@ __all__ = [
 log = logging.getLogger("fedctl.data")
 
 TASKS = ("multiclass", "one_vs_rest")
-SCHEMES = ("iid", "dirichlet", "proportions")
+SCHEMES = ("iid", "dirichlet", "dirichlet_equal", "proportions")
 _DIRICHLET_TRIES = 100
 
 
@@ -392,6 +393,10 @@ def partition(
         ``"dirichlet"``: label skew (Hsu et al. 2019, as Flower's ``DirichletPartitioner``): each
         class's shuffled rows are split by shares p ~ Dir(alpha * 1); redrawn until every part
         has at least ``min_size`` rows.
+        ``"dirichlet_equal"``: the FedNMF paper's skew (Si et al. 2022): equal parts whose
+        label proportions are drawn from Dir(alpha * p), p the corpus's label frequencies
+        (:func:`common.partitions.dirichlet_equal`; the ``len(y) % n_parts`` rows left over
+        go to no part).
         ``"proportions"``: seeded shuffle, then fixed shares given by ``proportions``.
     alpha : float, default 0.5
         Dirichlet concentration; small values give very skewed parts, large values near-iid.
@@ -405,7 +410,8 @@ def partition(
     Returns
     -------
     list of np.ndarray
-        ``n_parts`` sorted int64 arrays of row indices, disjoint and together covering all rows.
+        ``n_parts`` sorted int64 arrays of row indices, disjoint and together covering all rows
+        (all but fewer than ``n_parts`` with ``"dirichlet_equal"``).
 
     Raises
     ------
@@ -423,6 +429,11 @@ def partition(
 
     if scheme == "iid":
         parts = np.array_split(rng.permutation(n), n_parts)
+
+    elif scheme == "dirichlet_equal":
+        if not alpha > 0:
+            raise DataError(f"dirichlet alpha must be > 0, got {alpha}")
+        parts = dirichlet_equal(y, n_parts, alpha=alpha, seed=seed)
 
     elif scheme == "proportions":
         if proportions is None or len(proportions) != n_parts:

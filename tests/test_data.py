@@ -29,6 +29,7 @@ from common.data import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DBPEDIA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
+DBPEDIA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -200,12 +201,32 @@ def test_partition_proportions_nine_to_one(y14: np.ndarray) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(parts, same, strict=True))
 
 
+def test_partition_dirichlet_equal_from_the_config(tmp_path: Path) -> None:
+    """`data.partition: dirichlet_equal` gives every worker the same number of documents, more
+    skewed at a small alpha than at a large one."""
+    from common.config import parse_config
+    from common.shards import local_data
+
+    def top_share(alpha: float) -> float:
+        cfg = parse_config({"workers": ["a", "b", "c"], "output_dir": str(tmp_path),
+                            "data": {"path": str(DBPEDIA), "limit": 301, "task": "multiclass",
+                                     "partition": "dirichlet_equal", "alpha": alpha}})
+        shards = [local_data(cfg, w) for w in ("a", "b", "c")]
+        rows = [np.concatenate([s.train_index, s.test_index]) for s in shards]
+        assert [len(r) for r in rows] == [100, 100, 100]  # 301 // 3 each, one row left over
+        assert len(np.unique(np.concatenate(rows))) == 300
+        y = shards[0].y  # the whole dataset's labels
+        return float(np.mean([np.bincount(y[r]).max() / len(r) for r in rows]))
+
+    assert top_share(0.1) > top_share(100.0) + 0.05
+
+
 def test_partition_errors(y14: np.ndarray) -> None:
     with pytest.raises(DataError, match="n_parts"):
         partition(y14, 0)
     with pytest.raises(DataError, match="n_parts"):
         partition(np.arange(5), 6)
-    with pytest.raises(DataError, match="iid, dirichlet, proportions"):
+    with pytest.raises(DataError, match="iid, dirichlet, dirichlet_equal, proportions"):
         partition(y14, 2, "stripes")
     with pytest.raises(DataError, match="one share per part"):
         partition(y14, 3, "proportions", proportions=[0.5, 0.5])
