@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from common.aggregate import weighted_average
 from common.config import ConfigError, build_params, load_config, parse_config
 from common.models.ntm import (
     NeuralTopicModel,
@@ -127,6 +128,43 @@ def test_sync_simulation_equals_union_batches_without_randomness() -> None:
     a = simulate_sync(shards, noisy, 5).get_arrays()["beta"]
     b = simulate_union(shards, noisy, 5).get_arrays()["beta"]
     assert np.abs(a - b).max() > 1e-4
+
+
+def test_merged_running_stats_are_those_of_the_union_batch() -> None:
+    # Label-skewed nodes: each node's batch-norm inputs have their own mean and scale.
+    rng = np.random.default_rng(0)
+    glob = NeuralTopicModel(n_topics=5, random_state=0).initialize(30)
+    for _ in range(3):  # running statistics away from their (0, 1) start
+        glob.set_arrays(_bn_step(glob, rng.normal(1.0, 2.0, size=(8, 30))))
+    sizes = [16, 20, 7]
+    inputs = [rng.normal(loc=3.0 * i, scale=1.0 + i, size=(n, 30)) for i, n in enumerate(sizes)]
+    uploads = [_bn_step(glob, x) for x in inputs]
+    union = _bn_step(glob, np.concatenate(inputs))
+    merged = glob.merge_running_stats(uploads, sizes)
+    assert sorted(merged) == sorted(glob.buffer_names())
+    for name, value in merged.items():
+        np.testing.assert_allclose(value, union[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # The plain average of the uploads misses the spread of the nodes' means (about 4.4
+    # here, a tenth of it, the momentum, in one step).
+    plain = weighted_average(uploads, sizes)
+    short = union["bn_beta.running_var"] - plain["bn_beta.running_var"]
+    assert (short > 0).all() and short.mean() > 0.3
+    with pytest.raises(ValueError, match="batch size"):
+        glob.merge_running_stats(uploads, [16, 20, 1])
+
+
+def _bn_step(model: NeuralTopicModel, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The running statistics of ``model``'s batch-norm layers after one training batch
+    ``x`` (the first columns of it for the narrower layers), on a copy of the model."""
+    import torch
+
+    node = NeuralTopicModel(n_topics=model.n_topics).set_arrays(model.get_arrays())
+    node.net_.train()
+    with torch.no_grad():
+        for bn in (node.net_.bn_mu, node.net_.bn_sigma, node.net_.bn_beta):
+            bn(torch.as_tensor(x[:, :bn.num_features], dtype=torch.float32))
+    arrays = node.get_arrays()
+    return {n: arrays[n] for n in node.buffer_names()}
 
 
 # --------------------------------------------------------------------------------------------

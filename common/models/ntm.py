@@ -396,6 +396,54 @@ class NeuralTopicModel:
         self.steps_ += 1
         return self
 
+    def merge_running_stats(self, uploads: Sequence[Mapping[str, np.ndarray]],
+                            sizes: Sequence[int]) -> dict[str, np.ndarray]:
+        """The batch-norm running statistics one batch norm over the union of the nodes'
+        batches would have reached, from the running statistics each node uploaded.
+
+        Every node starts the step from this model's running statistics and moves them by
+        ``momentum`` towards its own batch's mean and unbiased variance. Averaging the uploads
+        by batch size gets the union's mean right but not its variance: that is the nodes'
+        mean within-batch variance, short of the spread of the nodes' batch means (large when
+        the nodes' data are skewed), so eval-mode batch norm would normalize by too small a
+        scale. Here each node's batch moments are recovered from its upload and pooled (law of
+        total variance, Bessel-corrected over the union), then the step is redone once.
+
+        Parameters
+        ----------
+        uploads : sequence of mappings of str to numpy.ndarray
+            Each node's arrays after its step (running statistics by buffer name; other names
+            are ignored).
+        sizes : sequence of int
+            Each node's batch size (at least 2, as batch norm itself requires in training).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            ``<layer>.running_mean`` and ``<layer>.running_var`` of every batch-norm layer that
+            tracks them, in the buffers' dtype.
+        """
+        n = np.asarray(sizes, dtype=np.float64)
+        if n.shape != (len(uploads),) or not len(uploads) or (n < 2).any():
+            raise ValueError("merge_running_stats: one batch size >= 2 per upload")
+        out: dict[str, np.ndarray] = {}
+        for prefix, bn in self.net_.named_modules():
+            if not isinstance(bn, nn.BatchNorm1d) or bn.running_mean is None:
+                continue
+            mu = bn.momentum  # None (cumulative average) is not used by NTMNet
+            rm0 = bn.running_mean.detach().cpu().numpy().astype(np.float64)
+            rv0 = bn.running_var.detach().cpu().numpy().astype(np.float64)
+            rm = np.stack([np.asarray(u[f"{prefix}.running_mean"], np.float64) for u in uploads])
+            rv = np.stack([np.asarray(u[f"{prefix}.running_var"], np.float64) for u in uploads])
+            mean = (rm - (1 - mu) * rm0) / mu  # each batch's mean ...
+            var = (rv - (1 - mu) * rv0) / mu * ((n - 1) / n)[:, None]  # ... and biased variance
+            pooled = n @ mean / n.sum()
+            union_var = (n @ (var + (mean - pooled) ** 2)) / (n.sum() - 1)
+            dtype = bn.running_var.detach().cpu().numpy().dtype
+            out[f"{prefix}.running_mean"] = ((1 - mu) * rm0 + mu * pooled).astype(dtype)
+            out[f"{prefix}.running_var"] = ((1 - mu) * rv0 + mu * union_var).astype(dtype)
+        return out
+
     def step(self, X: Any, ctx: np.ndarray | None, rows: np.ndarray,
              doc_ids: np.ndarray | None = None) -> float:
         """One local Adam step on rows ``rows``; the batch's mean loss."""
@@ -536,8 +584,9 @@ def simulate_sync(shards: Sequence[tuple[Any, np.ndarray | None]], params: NTMPa
 
     Each step, node ``i`` computes the gradient of its own next mini-batch (its own seeded
     order, seed ``random_state + 1 + i``) at the global weights; the gradients are averaged
-    weighted by batch size and one Adam step is taken; running statistics are averaged the
-    same way. Returns the global model.
+    weighted by batch size and one Adam step is taken; the batch-norm running statistics become
+    those of the union of the nodes' batches (:meth:`NeuralTopicModel.merge_running_stats`).
+    Returns the global model.
 
     Parameters
     ----------
@@ -567,7 +616,10 @@ def simulate_sync(shards: Sequence[tuple[Any, np.ndarray | None]], params: NTMPa
             ids = None if doc_ids is None else np.asarray(doc_ids[i])[rows]
             grads.append(node.gradients(X, ctx, rows, ids, step=t))
             sizes.append(len(rows))
-        glob.apply_gradients(weighted_average(grads, sizes, accumulate=np.float64))
+        update = weighted_average(grads, sizes, accumulate=np.float64)
+        if params.batch_stats:
+            update.update(glob.merge_running_stats(grads, sizes))
+        glob.apply_gradients(update)
     return glob
 
 

@@ -8,9 +8,11 @@ of workers holding a word, ``vocab_size`` cap, ``min_df``); the master builds th
 Stage 2, ``mode: sync``: a round of the cluster is one synchronous mini-batch step. The payload
 is the global weights (and batch-norm running statistics); each worker uploads the gradient of
 its own batch's mean loss, named like the parameters, plus the running statistics its batch
-moved. The master averages them weighted by batch size, takes one Adam step on its own copy
-and publishes the new weights. ``mode: fedavg``: ordinary rounds of local epochs aggregated by
-the configured strategy.
+moved. The master averages the gradients weighted by batch size, merges the running statistics
+into those of the union of the workers' batches
+(:meth:`common.models.ntm.NeuralTopicModel.merge_running_stats`), takes one Adam step on its
+own copy and publishes the new weights. ``mode: fedavg``: ordinary rounds of local epochs
+aggregated by the configured strategy.
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ class ProdLDAServer(ServerFamily):
         assert self.model_ is not None, "setup() first"
         before = self.global_.arrays
         if self.params.mode == "sync":
-            grads = weighted_average([r.arrays for r in results], [r.n_samples for r in results],
-                                     accumulate=np.float64)
+            uploads, sizes = [r.arrays for r in results], [r.n_samples for r in results]
+            grads = weighted_average(uploads, sizes, accumulate=np.float64)
             # model_ already holds the global weights (set up, stepped or restored here).
+            if self.params.batch_stats:  # running statistics of the union of the batches
+                grads.update(self.model_.merge_running_stats(uploads, sizes))
             self.model_.apply_gradients(grads)
             arrays = self.model_.get_arrays()
         else:
