@@ -62,10 +62,6 @@ POLL_INTERVAL_MS = 20
 #: connection, so a second thread writes two of them at once (100 MB to 3 workers: -10 %).
 MASTER_IO_THREADS = 2
 
-#: Seconds a thread may hold the GIL while another waits (CPython's default: 0.005), in the
-#: master: its event loop must not wait behind the checkpoint writer.
-GIL_SWITCH_INTERVAL = 0.0005
-
 #: ZeroMQ high-water marks: bound the queues so a slow peer cannot exhaust memory.
 PUB_SNDHWM = 64
 SUB_RCVHWM = 64

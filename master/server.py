@@ -12,7 +12,6 @@ import io
 import json
 import logging
 import secrets
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,15 +157,10 @@ class Master:
         self.metrics.write("start", run_id=self.run_id, family=self.cfg.family,
                            strategy=self.family.strategy.name, rounds=self.cfg.rounds,
                            time=time.time())
-        # The checkpoint writer thread runs Python too; hand the GIL back to the event loop
-        # within GIL_SWITCH_INTERVAL rather than CPython's default 5 ms.
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(C.GIL_SWITCH_INTERVAL)
         try:
             while self.phase != DONE:
                 self._tick()
         finally:
-            sys.setswitchinterval(switch)
             self._checkpoints.close()  # its last events go to the log before the log closes
             self.metrics.close()
         return self.summary
