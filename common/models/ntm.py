@@ -444,6 +444,19 @@ class NeuralTopicModel:
             out[f"{prefix}.running_var"] = ((1 - mu) * rv0 + mu * union_var).astype(dtype)
         return out
 
+    def sync_step(self, uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int],
+                  batch_stats: bool = True) -> NeuralTopicModel:
+        """One synchronous step from the nodes' uploads: the batch-size weighted mean gradient
+        (summed in float64, in the given order) and, with ``batch_stats``, the running
+        statistics of the union of their batches (:meth:`merge_running_stats`; uploads from
+        batches under 2 rows, which no batch norm step produces, are left out of the merge)."""
+        update = weighted_average(uploads, sizes, accumulate=np.float64)
+        real = [i for i, n in enumerate(sizes) if n >= 2]
+        if batch_stats and real:
+            update.update(self.merge_running_stats([uploads[i] for i in real],
+                                                   [sizes[i] for i in real]))
+        return self.apply_gradients(update)
+
     def step(self, X: Any, ctx: np.ndarray | None, rows: np.ndarray,
              doc_ids: np.ndarray | None = None) -> float:
         """One local Adam step on rows ``rows``; the batch's mean loss."""
@@ -616,10 +629,7 @@ def simulate_sync(shards: Sequence[tuple[Any, np.ndarray | None]], params: NTMPa
             ids = None if doc_ids is None else np.asarray(doc_ids[i])[rows]
             grads.append(node.gradients(X, ctx, rows, ids, step=t))
             sizes.append(len(rows))
-        update = weighted_average(grads, sizes, accumulate=np.float64)
-        if params.batch_stats:
-            update.update(glob.merge_running_stats(grads, sizes))
-        glob.apply_gradients(update)
+        glob.sync_step(grads, sizes, params.batch_stats)
     return glob
 
 

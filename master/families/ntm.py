@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
 from common.models.ntm import (
     CONTEXT_SIZE,
@@ -87,12 +86,9 @@ class ProdLDAServer(ServerFamily):
         assert self.model_ is not None, "setup() first"
         before = self.global_.arrays
         if self.params.mode == "sync":
-            uploads, sizes = [r.arrays for r in results], [r.n_samples for r in results]
-            grads = weighted_average(uploads, sizes, accumulate=np.float64)
             # model_ already holds the global weights (set up, stepped or restored here).
-            if self.params.batch_stats:  # running statistics of the union of the batches
-                grads.update(self.model_.merge_running_stats(uploads, sizes))
-            self.model_.apply_gradients(grads)
+            self.model_.sync_step([r.arrays for r in results], [r.n_samples for r in results],
+                                  self.params.batch_stats)
             arrays = self.model_.get_arrays()
         else:
             arrays = self.strategy.aggregate(before, results)
