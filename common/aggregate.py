@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy.linalg import blas
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -12,8 +14,48 @@ Arrays = Mapping[str, np.ndarray]
 CHUNK = 1 << 18
 
 
+class BufferPool:
+    """Model-sized output arrays, recycled once nothing else references them.
+
+    An aggregate in fresh memory pays for first-touch page faults, which on a virtual machine
+    whose host reclaims freed guest memory cost up to 250 ms per 100 MB (measured at 25 M
+    parameters: aggregation 40 ms in recycled memory, 40-300 ms in fresh). A buffer is handed
+    out again only when the pool holds the last reference to it: not while it is the global
+    model, is being checkpointed, or sits in a zero-copy send that libzmq has not finished.
+
+    Parameters
+    ----------
+    size : int, default 3
+        Buffers kept per parameter: the global model's, the one still being checkpointed or
+        sent, and the one to write into.
+    """
+
+    def __init__(self, size: int = 3) -> None:
+        self.size = size
+        self._buffers: dict[str, list[np.ndarray]] = {}
+        probe = [np.empty(0)]
+        self._unreferenced = sys.getrefcount(probe[0])  # the list's and the call's own
+
+    def take(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
+        """A flat writable array of ``n`` elements of ``dtype`` for the parameter ``name``,
+        that nobody else references."""
+        bufs = self._buffers.setdefault(name, [])
+        for i in range(len(bufs)):
+            if (bufs[i].size == n and bufs[i].dtype == dtype
+                    and sys.getrefcount(bufs[i]) <= self._unreferenced):
+                buf = bufs.pop(i)
+                bufs.append(buf)  # most recently used last
+                return buf
+        if len(bufs) >= self.size:  # all still held elsewhere: their holders will free them
+            del bufs[0]
+        buf = np.empty(n, dtype=dtype)
+        bufs.append(buf)
+        return buf
+
+
 def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float],
-                     accumulate: np.dtype | type | None = None) -> dict[str, np.ndarray]:
+                     accumulate: np.dtype | type | None = None,
+                     pool: BufferPool | None = None) -> dict[str, np.ndarray]:
     """Σ w_i · Θ_i / Σ w_i, array by array, returned in each array's own dtype.
 
     Parameters
@@ -26,6 +68,10 @@ def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float],
     accumulate : dtype, optional
         Dtype of the running sum; default: the array's own, at least float32 (``float64``
         where the result must match a centralized computation closely).
+    pool : BufferPool, optional
+        Where the results' memory comes from (default: fresh arrays). The caller must treat
+        the results as read-only: a later call may hand the same memory out again once
+        nothing references it.
     """
     if not arrays:
         raise ValueError("nothing to aggregate")
@@ -39,19 +85,32 @@ def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float],
         first = np.asarray(arrays[0][name])
         acc_dtype = np.dtype(accumulate or np.result_type(first.dtype, np.float32))
         flat = [np.asarray(a[name]).reshape(-1) for a in arrays]
-        acc = np.empty(first.size, dtype=acc_dtype)
-        scratch = np.empty(min(first.size, CHUNK), dtype=acc_dtype)
-        # Block by block, so that the running sum and its scratch stay in cache and no
-        # model-sized temporary is allocated (at 25 M parameters: 3x faster).
+        acc = (pool.take(str(name), first.size, acc_dtype) if pool is not None
+               else np.empty(first.size, dtype=acc_dtype))
+        axpy = _AXPY.get(acc_dtype) if all(x.dtype == acc_dtype for x in flat) else None
+        scratch = np.empty(min(first.size, CHUNK), dtype=acc_dtype) if axpy is None else None
+        # Block by block, so that the running sum stays in cache and no model-sized
+        # temporary is allocated; with BLAS's fused a += w·x, 25 M parameters from 3
+        # clients average in 25 ms instead of 70.
         for lo in range(0, first.size, CHUNK):
             hi = min(lo + CHUNK, first.size)
-            a, t = acc[lo:hi], scratch[: hi - lo]
-            np.multiply(flat[0][lo:hi], w[0], out=a, casting="unsafe")
+            a = acc[lo:hi]
+            np.multiply(flat[0][lo:hi], acc_dtype.type(w[0]), out=a, casting="unsafe")
             for wi, x in zip(w[1:], flat[1:], strict=True):
-                np.multiply(x[lo:hi], wi, out=t, casting="unsafe")
-                a += t
+                if scratch is None:
+                    axpy(x[lo:hi], a, a=wi)  # in place: a is contiguous and of its dtype
+                else:
+                    t = scratch[: hi - lo]
+                    np.multiply(x[lo:hi], wi, out=t, casting="unsafe")
+                    a += t
         out[name] = acc.reshape(first.shape).astype(first.dtype, copy=False)
+        if pool is not None and out[name].base is acc:
+            out[name].flags.writeable = False  # its memory will be handed out again
     return out
+
+
+#: In-place y += a·x for the dtypes BLAS has; others take two numpy passes.
+_AXPY = {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
 
 
 def all_finite(a: np.ndarray) -> bool:

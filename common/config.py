@@ -112,6 +112,7 @@ class ClusterConfig:
     heartbeat_timeout: float = C.HEARTBEAT_TIMEOUT
     eval_every: int = 1
     checkpoint_every: int = 1
+    checkpoint_budget: float = C.CHECKPOINT_BUDGET
     output_dir: str = "runs/latest"
     baselines: bool = True
     seed: int = 0
@@ -189,8 +190,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
            "round_deadline", "join_timeout", "data", "security", "compression",
-           "heartbeat_timeout", "eval_every", "checkpoint_every", "output_dir", "baselines",
-           "seed"}
+           "heartbeat_timeout", "eval_every", "checkpoint_every", "checkpoint_budget",
+           "output_dir", "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
@@ -259,6 +260,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("seed", _int, "an integer"),
         ("eval_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
         ("checkpoint_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
+        ("checkpoint_budget", lambda v: _num(v) and 0 < v <= 1, "a fraction in (0, 1]"),
         ("baselines", lambda v: isinstance(v, bool), "true or false"),
         ("output_dir", lambda v: isinstance(v, str) and v, "a path"),
     ):

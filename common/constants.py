@@ -46,6 +46,11 @@ HEARTBEAT_TIMEOUT = 5.0
 #: workers' SUB sockets have reconnected when the round's payload goes out.
 RESUME_GRACE = 1.0
 
+#: Largest share of a job's wall time the master spends writing checkpoints: a due checkpoint
+#: is skipped while the last write took more than this share of the time since it ended (a
+#: 0.4 MB model is still written every round, a 100 MB one every few rounds).
+CHECKPOINT_BUDGET = 0.1
+
 #: How long a worker waits for the first announcement before giving up.
 JOIN_TIMEOUT = 120.0
 

@@ -1,7 +1,8 @@
 """Master checkpoints: everything needed to resume a job after the master dies.
 
-One file, ``<output_dir>/checkpoint.npz``, written atomically after every round by a background
-thread (so the fsync never lands on a round's critical path): the global payload, the strategy's
+One file, ``<output_dir>/checkpoint.npz``, written atomically by a background thread (so the
+fsync never lands on a round's critical path) after every ``checkpoint_every`` rounds, as long as
+writing takes at most ``checkpoint_budget`` of the wall time: the global payload, the strategy's
 optimizer state, the family's own state, and a JSON document (stored as a byte array inside the
 same archive, so the two can never disagree) with the round, version, registrations and the
 sampling generator's state. Loading uses ``allow_pickle=False``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -82,31 +84,64 @@ class CheckpointWriter:
     """Writes checkpoints on a background thread, then the rounds' events to the metrics log.
 
     Only the newest pending checkpoint is written (a newer round supersedes an older one), but
-    no event is lost: a superseded checkpoint's events go out with the one that replaced it.
+    no event is lost: a superseded checkpoint's events go out with the one that replaced it,
+    and the events of rounds without a checkpoint wait for the next one, so the log never
+    shows a round that a resumed master would run again.
 
     Parameters
     ----------
     folder : path
         Where ``checkpoint.npz`` goes.
     metrics : MetricsLog
-        Where each round's events are appended once its checkpoint is on disk.
+        Where each round's events are appended once a checkpoint covering them is written.
+    budget : float, default 1.0
+        Largest share of wall time spent writing: :meth:`ready` is False until the time since
+        the last write ended is at least its duration × (1 / budget − 1). 1: always ready.
+
+    Attributes
+    ----------
+    last_write_s : float
+        How long the last checkpoint took to write (0 before the first).
     """
 
-    def __init__(self, folder: str | Path, metrics: MetricsLog) -> None:
+    def __init__(self, folder: str | Path, metrics: MetricsLog, budget: float = 1.0) -> None:
+        if not 0 < budget <= 1:
+            raise ValueError(f"budget must be in (0, 1], got {budget}")
         self.path = Path(folder) / FILENAME
         self.metrics = metrics
+        self.budget = budget
+        self.last_write_s = 0.0
+        self._last_end = float("-inf")
         self._lock = threading.Lock()
         self._pending: tuple[Checkpoint | None, list[dict[str, Any]]] | None = None
+        self._held: list[dict[str, Any]] = []  # events of rounds no checkpoint covers yet
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
         self._thread.start()
 
-    def submit(self, ckpt: Checkpoint | None, events: list[dict[str, Any]]) -> None:
-        """Queue ``ckpt`` (``None``: no checkpoint this round) and the events to log once it
-        is written."""
+    def ready(self, now: float | None = None) -> bool:
+        """Whether a checkpoint now keeps writing within ``budget`` of the wall time (and
+        none is being written)."""
+        now = time.monotonic() if now is None else now
         with self._wake:
+            if self._busy or self._pending is not None:
+                return False
+            return now - self._last_end >= self.last_write_s * (1 / self.budget - 1)
+
+    def submit(self, ckpt: Checkpoint | None, events: list[dict[str, Any]],
+               hold: bool = False) -> None:
+        """Queue ``ckpt`` and the events to log once it is written.
+
+        With ``ckpt=None`` and ``hold``, the events wait for the next checkpoint; without
+        ``hold`` (checkpoints off) they are logged at once.
+        """
+        with self._wake:
+            if ckpt is None and hold and self._pending is None:
+                self._held += events
+                return
+            events, self._held = self._held + events, []
             if self._pending is not None:
                 ckpt = ckpt or self._pending[0]
                 events = self._pending[1] + events
@@ -119,19 +154,27 @@ class CheckpointWriter:
                 while self._pending is None and not self._closed:
                     self._wake.wait()
                 if self._pending is None:
-                    return
+                    if self._held:  # closing without a last checkpoint: log what is left
+                        self._pending, self._held = (None, self._held), []
+                    else:
+                        return
                 (ckpt, events), self._pending = self._pending, None
                 self._busy = True
+            t0 = time.monotonic()
             try:
                 if ckpt is not None:
                     atomic_write(self.path, ckpt.write_to)
             except Exception:  # a full disk must not stop training; the log says so
                 log.exception("could not write checkpoint %s", self.path)
+            end = time.monotonic()
             for e in events:
                 self.metrics.write(**e)
             with self._wake:
+                if ckpt is not None:
+                    self.last_write_s, self._last_end = end - t0, end
                 self._busy = False
                 self._wake.notify_all()
+            ckpt = None  # not kept alive while waiting: the model's memory is recycled
 
     def flush(self) -> None:
         """Wait until everything submitted is written."""

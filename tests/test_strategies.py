@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.aggregate import weighted_average
+from common.aggregate import BufferPool, weighted_average
 from master.strategies import STRATEGIES, ClientResult, FedAvg, MeanPooling, make_strategy
 from master.strategies.base import Strategy
 
@@ -294,3 +294,41 @@ def test_all_finite_finds_a_nan_in_any_block(monkeypatch) -> None:
         b[i] = np.nan if i % 2 else np.inf
         assert not agg.all_finite(b), i
     assert agg.all_finite(np.arange(5))  # integers are always finite
+
+
+# ---------------------------------------------------------------------------- BufferPool
+def test_buffer_pool_recycles_only_what_nobody_holds():
+    pool = BufferPool(size=3)
+    first = weighted_average(THREE, [1, 1, 2], pool=pool)
+    held = first["x"]
+    del first
+    second = weighted_average(THREE, [1, 0, 0], pool=pool)
+    # The first result is still referenced: the second must not have overwritten it.
+    np.testing.assert_allclose(held, [14 / 4, 18 / 4])
+    np.testing.assert_allclose(second["x"], [1.0, 2.0])
+    assert not np.shares_memory(held, second["x"])
+    del held
+    third = weighted_average(THREE, [0, 0, 1], pool=pool)
+    np.testing.assert_allclose(third["x"], [5.0, 6.0])
+    # Recycled: the first result's memory, now that nothing references it.
+    assert len(pool._buffers["x"]) == 2
+
+
+def test_buffer_pool_results_are_read_only_and_a_derived_view_keeps_them():
+    pool = BufferPool()
+    out = weighted_average(THREE, [1, 1, 2], pool=pool)["x"]
+    with pytest.raises(ValueError, match="read-only"):
+        out[0] = 0.0
+    flat = out.reshape(-1)[:1]  # a view of a view references the memory's owner
+    del out
+    again = weighted_average(THREE, [1, 0, 0], pool=pool)["x"]
+    assert not np.shares_memory(flat, again)
+    np.testing.assert_allclose(flat, [14 / 4])
+
+
+def test_buffer_pool_is_bounded_when_everything_is_held():
+    pool = BufferPool(size=2)
+    kept = [weighted_average(THREE, [1, 1, 1], pool=pool)["x"] for _ in range(5)]
+    assert len(pool._buffers["x"]) == 2
+    for k in kept:
+        np.testing.assert_allclose(k, [3.0, 4.0])

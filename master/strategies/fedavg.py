@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from common.aggregate import weighted_average
+from common.aggregate import BufferPool, weighted_average
 from master.strategies.base import ClientResult, Strategy
 
 
@@ -15,6 +15,10 @@ class FedAvg(Strategy):
 
     name = "fedavg"
 
+    def __init__(self) -> None:
+        self._buffers = BufferPool()  # the global model's memory, recycled round to round
+
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
-        return weighted_average([r.arrays for r in results], [r.n_samples for r in results])
+        return weighted_average([r.arrays for r in results], [r.n_samples for r in results],
+                                pool=self._buffers)

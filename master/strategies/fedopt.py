@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from common.aggregate import weighted_average
+from common.aggregate import BufferPool, weighted_average
 from master.strategies.base import ClientResult, Strategy
 
 
@@ -51,6 +51,7 @@ class FedOpt(Strategy):
         self.eta, self.beta_1, self.beta_2, self.tau = eta, beta_1, beta_2, tau
         self.m_: dict[str, np.ndarray] = {}
         self.v_: dict[str, np.ndarray] = {}
+        self._buffers = BufferPool()  # the clients' mean, needed only within a round
 
     @abstractmethod
     def second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
@@ -58,7 +59,8 @@ class FedOpt(Strategy):
 
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
-        mean = weighted_average([r.arrays for r in results], [r.n_samples for r in results])
+        mean = weighted_average([r.arrays for r in results], [r.n_samples for r in results],
+                                pool=self._buffers)
         out = {}
         for name, x in current.items():
             x64 = np.asarray(x, dtype=np.float64)

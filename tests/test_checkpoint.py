@@ -1,0 +1,101 @@
+"""Tests of master/checkpoint.py's writer: its time budget and when round events reach the log."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.metrics import MetricsLog, read_metrics
+from master.checkpoint import Checkpoint, CheckpointWriter
+
+
+def _ckpt(round_: int, mb: int = 4) -> Checkpoint:
+    return Checkpoint({"round": round_}, {"w": np.full(mb << 18, round_, dtype=np.float32)})
+
+
+def _logged_rounds(path: Path) -> list[int]:
+    return [e["round"] for e in read_metrics(path / "metrics.jsonl")]
+
+
+def _writer(tmp_path: Path, budget: float) -> tuple[CheckpointWriter, MetricsLog]:
+    metrics = MetricsLog(tmp_path / "metrics.jsonl")
+    return CheckpointWriter(tmp_path, metrics, budget), metrics
+
+
+def test_budget_spaces_checkpoints_by_their_write_time(tmp_path: Path) -> None:
+    writer, metrics = _writer(tmp_path, budget=0.1)
+    assert writer.ready()  # nothing written yet
+    writer.submit(_ckpt(1), [{"event": "round", "round": 1}])
+    writer.flush()
+    took = writer.last_write_s
+    assert took > 0
+    assert Checkpoint.load(tmp_path).meta["round"] == 1
+    end = time.monotonic()
+    # 10 % of the wall time: the next one waits 9 write times after the last ended.
+    assert not writer.ready(now=end)
+    assert writer.ready(now=end + 9 * took + 1e-3)
+    writer.close()
+    metrics.close()
+
+
+def test_budget_one_is_always_ready(tmp_path: Path) -> None:
+    writer, metrics = _writer(tmp_path, budget=1.0)
+    writer.submit(_ckpt(1), [])
+    writer.flush()
+    assert writer.ready(now=time.monotonic())
+    writer.close()
+    metrics.close()
+
+
+@pytest.mark.parametrize("budget", [0, -0.5, 1.5])
+def test_budget_outside_zero_one_is_refused(tmp_path: Path, budget: float) -> None:
+    with pytest.raises(ValueError, match="budget"):
+        CheckpointWriter(tmp_path, MetricsLog(tmp_path / "m.jsonl"), budget)
+
+
+def test_held_events_wait_for_the_checkpoint_that_covers_them(tmp_path: Path) -> None:
+    writer, metrics = _writer(tmp_path, budget=0.1)
+    writer.submit(None, [{"event": "round", "round": 1}], hold=True)
+    writer.submit(None, [{"event": "round", "round": 2}], hold=True)
+    writer.flush()
+    # A resumed master would run rounds 1 and 2 again: the log must not show them yet.
+    assert _logged_rounds(tmp_path) == []
+    writer.submit(_ckpt(3), [{"event": "round", "round": 3}])
+    writer.flush()
+    assert _logged_rounds(tmp_path) == [1, 2, 3]
+    assert Checkpoint.load(tmp_path).meta["round"] == 3
+    writer.close()
+    metrics.close()
+
+
+def test_events_without_checkpoints_are_logged_at_once(tmp_path: Path) -> None:
+    writer, metrics = _writer(tmp_path, budget=0.1)
+    writer.submit(None, [{"event": "round", "round": 1}], hold=False)  # checkpoint_every 0
+    writer.flush()
+    assert _logged_rounds(tmp_path) == [1]
+    assert not (tmp_path / "checkpoint.npz").exists()
+    writer.close()
+    metrics.close()
+
+
+def test_close_logs_held_events_rather_than_lose_them(tmp_path: Path) -> None:
+    writer, metrics = _writer(tmp_path, budget=0.1)
+    writer.submit(None, [{"event": "round", "round": 1}], hold=True)
+    writer.close()
+    metrics.close()
+    assert _logged_rounds(tmp_path) == [1]
+
+
+def test_a_newer_checkpoint_supersedes_a_pending_one_and_keeps_its_events(tmp_path: Path
+                                                                           ) -> None:
+    writer, metrics = _writer(tmp_path, budget=1.0)
+    for r in range(1, 6):
+        writer.submit(_ckpt(r, mb=16), [{"event": "round", "round": r}])
+    writer.flush()
+    assert _logged_rounds(tmp_path) == [1, 2, 3, 4, 5]
+    assert Checkpoint.load(tmp_path).meta["round"] == 5
+    writer.close()
+    metrics.close()
