@@ -10,6 +10,7 @@ for a round it has not received fetches the model over REQ instead.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -182,6 +183,7 @@ class Worker:
     def _setup(self, setup: dict[str, Any]) -> None:
         self.family.setup(setup)
         self.ready = True
+        gc.freeze()  # start-up's objects out of the collector's sight (see Master._maybe_start)
 
     def _loop(self) -> dict[str, Any]:
         silent_since = last_poll = time.monotonic()
