@@ -89,7 +89,7 @@ class Plan:
     rounds: int = 20
     eval_on: bool = True
     anatomy_hidden: list[int] = field(default_factory=lambda: [256, 4096, 65000])
-    anatomy_rounds: int = 10
+    anatomy_rounds: int = 20
     anatomy_limit: int = 600
     bare_reps: int = 7
     scaling_n: list[int] = field(default_factory=lambda: [1, 3, 10, 30, 100])
