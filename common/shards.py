@@ -41,6 +41,26 @@ class LocalData:
     def n_train(self) -> int:
         return len(self.train_index)
 
+    @property
+    def train_texts(self) -> list[str]:
+        """The texts of the training rows, in ``train_index`` order."""
+        return [self.dataset.texts[i] for i in self.train_index]
+
+    @property
+    def test_texts(self) -> list[str]:
+        """The texts of the held-out rows, in ``test_index`` order."""
+        return [self.dataset.texts[i] for i in self.test_index]
+
+    @property
+    def y_train(self) -> np.ndarray:
+        """Task labels of the training rows."""
+        return np.asarray(self.y)[self.train_index]
+
+    @property
+    def y_test(self) -> np.ndarray:
+        """Task labels of the held-out rows."""
+        return np.asarray(self.y)[self.test_index]
+
 
 @lru_cache(maxsize=4)
 def _load_task(path: str, limit: int | None, seed: int, task: str, positive: str | None

@@ -56,9 +56,7 @@ class LDAClient(ClientFamily):
         super().__init__(cfg, data, device, seed)
         self.params: LDAParams = build_params(LDAParams, cfg.family_params,
                                               f"{cfg.source}: model")
-        texts = data.dataset.texts
-        self.train_texts = [texts[i] for i in data.train_index]
-        self.test_texts = [texts[i] for i in data.test_index]
+        self.train_texts, self.test_texts = data.train_texts, data.test_texts
         self.vocabulary_: list[str] | None = None
         self.train_: Corpus | None = None
         self.test_: Corpus | None = None

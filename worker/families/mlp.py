@@ -38,8 +38,7 @@ class MLPClient(ClientFamily):
         if missing:
             raise ValueError(f"the model does not know the classes {sorted(missing)}")
         to_global = np.array([classes.index(c) for c in self.data.classes], dtype=np.int64)
-        self.y_train = to_global[self.data.y[self.data.train_index]]
-        self.y_test = to_global[self.data.y[self.data.test_index]]
+        self.y_train, self.y_test = to_global[self.data.y_train], to_global[self.data.y_test]
         self.classes = classes
 
     def registration_info(self) -> dict[str, Any]:

@@ -34,11 +34,8 @@ class NMFClient(ClientFamily):
         super().__init__(cfg, data, device, seed)
         self.params: NMFParams = build_params(NMFParams, cfg.family_params,
                                               f"{cfg.source}: model")
-        texts = data.dataset.texts
-        self.train_texts = [texts[i] for i in data.train_index]
-        self.test_texts = [texts[i] for i in data.test_index]
-        self.y_train = np.asarray(data.y)[data.train_index]
-        self.y_test = np.asarray(data.y)[data.test_index]
+        self.train_texts, self.test_texts = data.train_texts, data.test_texts
+        self.y_train, self.y_test = data.y_train, data.y_test
         self.vocabulary_: list[str] | None = None
         self.x_train: sp.csr_matrix | None = None
         self.x_test: sp.csr_matrix | None = None
