@@ -115,6 +115,7 @@ class Master:
         self._next_announce = 0.0
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
+        self._budget_logged = False
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
         self._auth = None
@@ -435,6 +436,11 @@ class Master:
         # Within the time budget: a 100 MB model written every round would slow every round
         # by the write's disk and memory traffic (at 25 M parameters: +200 ms a round).
         due = every and (last or (rnd.number % every == 0 and self._checkpoints.ready()))
+        if every and not due and rnd.number % every == 0 and not self._budget_logged:
+            self._budget_logged = True
+            log.info("a checkpoint takes %.2f s to write: skipping rounds' checkpoints to keep "
+                     "writing under %g %% of the time (checkpoint_budget)",
+                     self._checkpoints.last_write_s, 100 * self.cfg.checkpoint_budget)
         ckpt = self._checkpoint(events) if due else None  # the state as this round left it
         try:
             self._next_round(rnd)
