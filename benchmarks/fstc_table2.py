@@ -13,9 +13,11 @@ Scale and setting (stated in the results too):
   centres, eq. 16, the sample-weighted average of the heads at the end — without sockets).
   A real cluster per cell would spend its time starting processes, not clustering.
 * **Frozen encoder**: the cached all-MiniLM-L6-v2 embeddings; only the head trains.
-* **Reduced budget** by default: 20 rounds × 50 local iterations (the paper: 40 × 100),
-  batch 200, Adam lr 5e-4 for the head, λ = 1 on both datasets (the paper's λ = 0.01 on
-  StackOverflow is for a fine-tuned encoder; frozen, λ = 1 scored higher there, see the note).
+* **The paper's budget and λ** by default: 40 rounds × 100 local iterations, batch 200, Adam
+  lr 5e-4 for the head, alignment weight λ = 0.01 on StackOverflow and 1 on AG News (the
+  paper's values; ``--align-weight`` sets one λ for both). ``--rounds 20 --iterations 50`` is
+  the quarter budget of earlier runs; ``--sweep-rounds``/``--sweep-iterations`` give the
+  client sweeps a budget of their own, ``--no-sweeps`` skips them.
 * FSTC starts from k-FED on the sentence embeddings, which *is* FSBERT: the FSBERT row is
   the starting point every FSTC variant improves on.
 * Scores: ACC (Hungarian mapping) and NMI of the global model's clustering of all clients'
@@ -23,11 +25,12 @@ Scale and setting (stated in the results too):
 
 Run from the repository root (the datasets are embedded once, then cached):
 
-    .venv/bin/python benchmarks/fstc_table2.py [--seeds 5] [--rounds 20] [--iterations 50]
-        [--jobs 2] [--quick]
+    .venv/bin/python benchmarks/fstc_table2.py [--seeds 5] [--rounds 40] [--iterations 100]
+        [--align-weight L] [--datasets stackoverflow agnews_8000] [--sweep-rounds R]
+        [--sweep-iterations I] [--no-sweeps] [--jobs 2] [--out DIR] [--quick]
 
-Writes ``benchmarks/results/fstc_table2.{md,json}`` and ``fstc_sweep_m.png``,
-``fstc_sweep_proportions.png``.
+Writes ``fstc_table2.{md,json}`` and ``fstc_sweep_m.png``, ``fstc_sweep_proportions.png`` to
+``--out`` (default ``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ METHODS = ("FBOW", "FTF-IDF", "FSBERT", "FSTC-STC", "FSTC-RSTC", "FSTC")
 VARIANT = {"FSTC-STC": "stc", "FSTC-RSTC": "rstc", "FSTC": "fstc"}
 #: The paper's Table 2 (its FSTC fine-tunes the encoder on a GPU).
 PAPER = {"stackoverflow": {"FSTC": (79.70, 68.83)}, "agnews_8000": {"FSTC": (85.10, 62.45)}}
+#: The paper's alignment weight λ per dataset (0.01 on StackOverflow, 1 elsewhere).
+PAPER_ALIGN = {"stackoverflow": 0.01, "agnews_8000": 1.0}
+#: The paper's budget: communication rounds × local iterations.
+PAPER_ROUNDS, PAPER_ITERATIONS = 40, 100
 M_SWEEP = (2, 4, 8, 10)
 PROPORTIONS = ((6, 4), (7, 3), (8, 2), (9, 1))
 #: k-means restarts of k-FED, on every client and on the server (scikit-learn's "auto" is 1).
@@ -126,30 +133,32 @@ def _mean_std(values: list[float]) -> str:
     return f"{np.mean(values):.2f} ± {np.std(values):.2f}"
 
 
-def table2(cells: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def table2(cells: list[dict[str, Any]],
+           datasets: tuple[str, ...] = DATASETS) -> tuple[str, dict[str, Any]]:
     """Markdown of Table 2 (mean ± std over seeds) and the same numbers as data."""
     data: dict[str, Any] = {}
-    head = "| method | " + " | ".join(f"{TITLES[d]} ACC | {TITLES[d]} NMI" for d in DATASETS)
-    lines = [head + " |", "|---" * (1 + 2 * len(DATASETS)) + "|"]
+    head = "| method | " + " | ".join(f"{TITLES[d]} ACC | {TITLES[d]} NMI" for d in datasets)
+    lines = [head + " |", "|---" * (1 + 2 * len(datasets)) + "|"]
     for method in METHODS:
         row = [method]
-        for d in DATASETS:
+        for d in datasets:
             runs = [c["scores"][method] for c in cells if c["dataset"] == d]
             acc, nmi = [r["acc"] for r in runs], [r["nmi"] for r in runs]
             data.setdefault(d, {})[method] = {"acc": acc, "nmi": nmi}
             row += [_mean_std(acc), _mean_std(nmi)] if runs else ["—", "—"]
         lines.append("| " + " | ".join(row) + " |")
     row = ["FSTC, paper (fine-tuned, GPU)"]
-    for d in DATASETS:
+    for d in datasets:
         row += [f"{PAPER[d]['FSTC'][0]:.2f}", f"{PAPER[d]['FSTC'][1]:.2f}"]
     lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines), data
 
 
-def sweep_table(cells: list[dict[str, Any]], key: str, labels: list[Any]) -> str:
+def sweep_table(cells: list[dict[str, Any]], key: str, labels: list[Any],
+                datasets: tuple[str, ...] = DATASETS) -> str:
     lines = ["| dataset | " + " | ".join(str(x) for x in labels) + " |",
              "|---" * (1 + len(labels)) + "|"]
-    for d in DATASETS:
+    for d in datasets:
         for method in ("FSBERT", "FSTC"):
             cellmap = {c[key]: c["scores"][method] for c in cells if c["dataset"] == d}
             lines.append(f"| {TITLES[d]} {method} ACC / NMI | " + " | ".join(
@@ -159,14 +168,14 @@ def sweep_table(cells: list[dict[str, Any]], key: str, labels: list[Any]) -> str
 
 
 def plot_sweep(cells: list[dict[str, Any]], key: str, labels: list[Any], xlabel: str,
-               path: Path) -> None:
+               path: Path, datasets: tuple[str, ...] = DATASETS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(DATASETS), figsize=(5 * len(DATASETS), 3.6))
-    for ax, d in zip(np.atleast_1d(axes), DATASETS, strict=True):
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6))
+    for ax, d in zip(np.atleast_1d(axes), datasets, strict=True):
         for method, style in (("FSBERT", "o--"), ("FSTC", "s-")):
             cellmap = {c[key]: c["scores"][method] for c in cells if c["dataset"] == d}
             xs = [i for i, x in enumerate(labels) if x in cellmap]
@@ -184,64 +193,116 @@ def plot_sweep(cells: list[dict[str, Any]], key: str, labels: list[Any], xlabel:
     plt.close(fig)
 
 
+def _dataset(name: str) -> str:
+    aliases = {"agnews": "agnews_8000", "so": "stackoverflow"}
+    name = aliases.get(name, name)
+    if name not in DATASETS:
+        raise argparse.ArgumentTypeError(f"unknown dataset {name!r} (one of {DATASETS})")
+    return name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--iterations", type=int, default=50)
-    ap.add_argument("--align-weight", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=PAPER_ROUNDS)
+    ap.add_argument("--iterations", type=int, default=PAPER_ITERATIONS)
+    ap.add_argument("--align-weight", type=float, default=None,
+                    help="one λ for both datasets (default: the paper's, "
+                         + ", ".join(f"{d} {w:g}" for d, w in PAPER_ALIGN.items()) + ")")
+    ap.add_argument("--datasets", type=_dataset, nargs="+", default=list(DATASETS))
+    ap.add_argument("--sweep-rounds", type=int, default=None,
+                    help="rounds of the client sweeps (default: --rounds)")
+    ap.add_argument("--sweep-iterations", type=int, default=None,
+                    help="local iterations of the client sweeps (default: --iterations)")
+    ap.add_argument("--no-sweeps", action="store_true", help="Table 2 only")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     ap.add_argument("--quick", action="store_true", help="1 seed, 5 rounds: a smoke run")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.rounds = 1, 5
-    params = FSTCParams(iterations=args.iterations, align_weight=args.align_weight)
+    datasets = tuple(d for d in DATASETS if d in args.datasets)
+    sweep_rounds = args.sweep_rounds or args.rounds
+    sweep_iterations = args.sweep_iterations or args.iterations
+    same_budget = (sweep_rounds, sweep_iterations) == (args.rounds, args.iterations)
+    align = {d: PAPER_ALIGN[d] if args.align_weight is None else args.align_weight
+             for d in datasets}
+    params = {d: FSTCParams(iterations=args.iterations, align_weight=align[d])
+              for d in datasets}
+    sweep_params = {d: replace(params[d], iterations=sweep_iterations) for d in datasets}
     started = time.perf_counter()
-    for d in DATASETS:  # embed once (cached), before the processes all want it
+    for d in datasets:  # embed once (cached), before the processes all want it
         t = time.perf_counter()
         load(d)
         print(f"{d}: embeddings ready in {time.perf_counter() - t:.1f}s", flush=True)
 
-    base = {"rounds": args.rounds, "params": params, "proportions": None}
-    tasks = [{**base, "kind": "table", "dataset": d, "seed": s, "m": 4, "methods": METHODS}
-             for s in range(args.seeds) for d in DATASETS]
-    tasks += [{**base, "kind": "m", "dataset": d, "seed": 0, "m": m,
-               "methods": ("FSBERT", "FSTC")} for d in DATASETS for m in M_SWEEP if m != 4]
-    tasks += [{**base, "kind": "proportions", "dataset": d, "seed": 0, "m": 2,
-               "proportions": list(p), "methods": ("FSBERT", "FSTC")}
-              for d in DATASETS for p in PROPORTIONS]
-    print(f"{len(tasks)} cells on {args.jobs} process(es); {args.rounds} rounds x "
-          f"{args.iterations} local iterations", flush=True)
+    tasks = [{"kind": "table", "dataset": d, "seed": s, "m": 4, "proportions": None,
+              "rounds": args.rounds, "params": params[d], "methods": METHODS}
+             for s in range(args.seeds) for d in datasets]
+    if not args.no_sweeps:
+        sweep = {"seed": 0, "rounds": sweep_rounds, "methods": ("FSBERT", "FSTC")}
+        tasks += [{**sweep, "kind": "m", "dataset": d, "m": m, "proportions": None,
+                   "params": sweep_params[d]}
+                  for d in datasets for m in M_SWEEP if m != 4 or not same_budget]
+        tasks += [{**sweep, "kind": "proportions", "dataset": d, "m": 2,
+                   "proportions": list(p), "params": sweep_params[d]}
+                  for d in datasets for p in PROPORTIONS]
+    print(f"{len(tasks)} cells on {args.jobs} process(es); Table 2: {args.rounds} rounds x "
+          f"{args.iterations} local iterations; sweeps: "
+          + ("none" if args.no_sweeps else f"{sweep_rounds} x {sweep_iterations}")
+          + "; lambda " + ", ".join(f"{d} {align[d]:g}" for d in datasets), flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(run_cell, tasks))
 
     table_cells = [c for c in cells if c["kind"] == "table"]
-    md_table, table_data = table2(table_cells)
-    m_cells = [c for c in cells if c["kind"] == "m"] + [
-        c for c in table_cells if c["seed"] == 0]
+    md_table, table_data = table2(table_cells, datasets)
+    m_cells = [c for c in cells if c["kind"] == "m"] + (
+        [c for c in table_cells if c["seed"] == 0] if same_budget and not args.no_sweeps
+        else [])
     p_cells = [{**c, "split": ":".join(str(x) for x in c["proportions"])}
                for c in cells if c["kind"] == "proportions"]
     splits = [":".join(str(x) for x in p) for p in PROPORTIONS]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    plot_sweep(m_cells, "m", list(M_SWEEP), "IID clients m", RESULTS / "fstc_sweep_m.png")
-    plot_sweep(p_cells, "split", splits, "two clients, share of the data",
-               RESULTS / "fstc_sweep_proportions.png")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.no_sweeps:
+        plot_sweep(m_cells, "m", list(M_SWEEP), "IID clients m", out / "fstc_sweep_m.png",
+                   datasets)
+        plot_sweep(p_cells, "split", splits, "two clients, share of the data",
+                   out / "fstc_sweep_proportions.png", datasets)
     wall = time.perf_counter() - started
     fstc_time = {d: np.mean([c["seconds"]["FSTC"] for c in table_cells if c["dataset"] == d])
-                 for d in DATASETS}
+                 for d in datasets}
 
-    md = "\n".join([
+    command = (f"--seeds {args.seeds} --rounds {args.rounds} --iterations {args.iterations}"
+               + (f" --align-weight {args.align_weight:g}" if args.align_weight is not None
+                  else "")
+               + (f" --datasets {' '.join(datasets)}" if datasets != DATASETS else "")
+               + ("" if args.no_sweeps or same_budget else
+                  f" --sweep-rounds {sweep_rounds} --sweep-iterations {sweep_iterations}")
+               + (" --no-sweeps" if args.no_sweeps else "")
+               + f" --jobs {args.jobs}")
+    paper = (args.rounds, args.iterations) == (PAPER_ROUNDS, PAPER_ITERATIONS)
+    lambdas = ", ".join(
+        f"{TITLES[d]} {align[d]:g}"
+        + (" (the paper's)" if align[d] == PAPER_ALIGN[d] else f" (the paper: {PAPER_ALIGN[d]:g})")
+        for d in datasets)
+    sweep_budget = (f"{sweep_rounds} rounds x {sweep_iterations} local iterations"
+                    + (", the paper's budget" if (sweep_rounds, sweep_iterations) == (
+                        PAPER_ROUNDS, PAPER_ITERATIONS) else ""))
+    lines = [
         "# FSTC: Table 2 and client sweeps (frozen encoder, CPU)",
         "",
-        f"`python benchmarks/fstc_table2.py --seeds {args.seeds} --rounds {args.rounds} "
-        f"--iterations {args.iterations}`; {wall / 60:.1f} min on "
+        f"`python benchmarks/fstc_table2.py {command}`; {wall / 60:.1f} min on "
         f"{args.jobs} process(es) of a shared 2-core CPU.",
         "",
         "In-process simulation of the federated algorithm (the cluster's steps without "
         "sockets), frozen all-MiniLM-L6-v2 embeddings, "
-        f"{args.rounds} rounds x {args.iterations} local iterations (the paper: 40 x 100), "
-        f"batch {params.batch_size}, Adam lr {params.lr_head:g} (head), "
-        f"lambda = {params.align_weight:g}, k-FED start (= FSBERT; k-means with {N_INIT} "
+        f"{args.rounds} rounds x {args.iterations} local iterations"
+        + (" (the paper's budget)" if paper
+           else f" (the paper: {PAPER_ROUNDS} x {PAPER_ITERATIONS})")
+        + f", batch {params[datasets[0]].batch_size}, "
+        f"Adam lr {params[datasets[0]].lr_head:g} (head), alignment weight lambda: {lambdas}; "
+        f"k-FED start (= FSBERT; k-means with {N_INIT} "
         "restarts on each client and on the server). ACC (Hungarian) and NMI "
         "in %, of the global model on all documents; mean ± std over "
         f"{args.seeds} seed(s), m = 4 IID clients. What the numbers say, and where the code "
@@ -252,30 +313,37 @@ def main() -> None:
         md_table,
         "",
         "Mean FSTC time per run: " + ", ".join(f"{TITLES[d]} {fstc_time[d]:.0f} s"
-                                                  for d in DATASETS) + ".",
+                                                  for d in datasets) + ".",
         "",
-        "## Number of IID clients (seed 0)",
-        "",
-        sweep_table(m_cells, "m", list(M_SWEEP)),
-        "",
-        "![m sweep](fstc_sweep_m.png)",
-        "",
-        "## Two clients of unequal size (seed 0)",
-        "",
-        sweep_table(p_cells, "split", splits),
-        "",
-        "![proportions sweep](fstc_sweep_proportions.png)",
-        "",
-    ])
-    (RESULTS / "fstc_table2.md").write_text(md + "\n", encoding="utf-8")
-    (RESULTS / "fstc_table2.json").write_text(json.dumps(
-        {"args": vars(args), "params": params.__dict__, "wall_seconds": wall,
-         "table2": table_data, "paper": PAPER,
+    ]
+    if not args.no_sweeps:
+        lines += [
+            f"## Number of IID clients (seed 0, {sweep_budget})",
+            "",
+            sweep_table(m_cells, "m", list(M_SWEEP), datasets),
+            "",
+            "![m sweep](fstc_sweep_m.png)",
+            "",
+            f"## Two clients of unequal size (seed 0, {sweep_budget})",
+            "",
+            sweep_table(p_cells, "split", splits, datasets),
+            "",
+            "![proportions sweep](fstc_sweep_proportions.png)",
+            "",
+        ]
+    md = "\n".join(lines)
+    (out / "fstc_table2.md").write_text(md + "\n", encoding="utf-8")
+    (out / "fstc_table2.json").write_text(json.dumps(
+        {"args": {**vars(args), "out": str(args.out)}, "align_weight": align,
+         "params": {d: p.__dict__ for d, p in params.items()},
+         "sweep_params": {"rounds": sweep_rounds, "iterations": sweep_iterations},
+         "wall_seconds": wall, "table2": table_data, "paper": PAPER,
+         "paper_align_weight": PAPER_ALIGN,
          "cells": [{k: v for k, v in c.items() if k != "methods"} | {"methods": list(
              c["methods"])} for c in cells]}, indent=1), encoding="utf-8")
     print()
     print(md_table)
-    print(f"\nwall {wall / 60:.1f} min; results in {RESULTS}")
+    print(f"\nwall {wall / 60:.1f} min; results in {out}")
 
 
 if __name__ == "__main__":
