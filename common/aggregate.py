@@ -13,6 +13,9 @@ Arrays = Mapping[str, np.ndarray]
 #: Elements per block of the blocked loops below (1 MiB of float32: about an L2 cache).
 CHUNK = 1 << 18
 
+#: In-place y += a·x for the dtypes BLAS has; others take two numpy passes.
+_AXPY = {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
+
 
 class BufferPool:
     """Model-sized output arrays, recycled once nothing else references them.
@@ -107,10 +110,6 @@ def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float],
         if pool is not None and out[name].base is acc:
             out[name].flags.writeable = False  # its memory will be handed out again
     return out
-
-
-#: In-place y += a·x for the dtypes BLAS has; others take two numpy passes.
-_AXPY = {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
 
 
 def all_finite(a: np.ndarray) -> bool:

@@ -360,8 +360,8 @@ class Master:
         self.phase = TRAINING
         self.round = 1
         # What start-up built (torch, the model, the vocabulary) lives to the end: out of the
-        # collector's sight, a full collection in the middle of a round costs 0.1 ms, not the
-        # 100-340 ms measured with it in view.
+        # collector's sight, a full collection in the middle of a round takes under 1 ms, not
+        # the 100-340 ms measured with it in view.
         gc.freeze()
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
@@ -429,8 +429,8 @@ class Master:
         self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
-        # The round's events reach metrics.jsonl once its checkpoint is on disk, so the log
-        # never shows a round that a resumed master would run again.
+        # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
+        # the log never shows a round that a resumed master would run again.
         every = self.cfg.checkpoint_every
         last = rnd.number >= self.cfg.rounds or self.family.finished()
         # Within the time budget: a 100 MB model written every round would slow every round
@@ -443,20 +443,20 @@ class Master:
                      self._checkpoints.last_write_s, 100 * self.cfg.checkpoint_budget)
         ckpt = self._checkpoint(events) if due else None  # the state as this round left it
         try:
-            self._next_round(rnd)
+            self._next_round(last)
         finally:
             # Handed to the writer thread only once the next round is out: its serialization
             # would otherwise hold the GIL while the main thread publishes.
             self._checkpoints.submit(ckpt, events, hold=bool(every))
 
-    def _next_round(self, rnd: RoundState) -> None:
-        if rnd.number >= self.cfg.rounds or self.family.finished():
+    def _next_round(self, last: bool) -> None:
+        if last:
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT
             send(self.pub, M.SHUTDOWN, {"run_id": self.run_id, "version": self.version},
                  topic=M.TOPIC_SHUTDOWN)
             self._announce()
-            log.info("training done after %d round(s); collecting final reports", rnd.number)
+            log.info("training done after %d round(s); collecting final reports", self.round)
         else:
             self.round += 1
             self._start_round(time.monotonic())
