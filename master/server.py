@@ -385,7 +385,9 @@ class Master:
         return sorted(self.rng.choice(live, size=min(k, len(live)), replace=False).tolist())
 
     def _start_round(self, now: float) -> None:
-        rnd = RoundState(self.round, now, now + self.cfg.round_deadline, self._sample())
+        fixed = self.family.participants()  # a step of several rounds keeps its workers
+        rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
+                         self._sample() if fixed is None else fixed)
         self.open = rnd
         first = rnd.number == 1  # the setup information rides along once
         t0 = time.perf_counter()

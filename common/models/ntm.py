@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from common.aggregate import weighted_average
+from common.models.ntm_sync_bn import N_PHASES, SyncBNReducer, SyncBNStep
 from common.topic_metrics import top_words
 
 __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
@@ -90,6 +91,12 @@ class NTMParams:
         Batch normalization with batch statistics (False: fixed statistics, for exactness).
     doc_noise : bool, default False
         Reparameterization noise seeded per document (for exactness).
+    sync_batch_norm : bool, default True
+        (sync, with ``batch_stats``) batch norm over the union of the workers' batches, as a
+        centralized step over that union would: a step then takes five rounds
+        (:mod:`common.models.ntm_sync_bn`), so ``rounds: 5000`` is 1000 steps. False: each
+        worker normalizes its own batch (gFedNTM; one round a step, but on label-skewed
+        workers a different model from centralized training).
     dtype : {"float32", "float64"}, default "float32"
     """
 
@@ -109,7 +116,18 @@ class NTMParams:
     eval_every: int = 50
     batch_stats: bool = True
     doc_noise: bool = False
+    sync_batch_norm: bool = True
     dtype: str = "float32"
+
+    @property
+    def synced_batch_norm(self) -> bool:
+        """Whether a synchronous step normalizes over the union batch (several rounds)."""
+        return self.mode == "sync" and self.batch_stats and self.sync_batch_norm
+
+    @property
+    def rounds_per_step(self) -> int:
+        """Cluster rounds one synchronous step takes."""
+        return N_PHASES if self.synced_batch_norm else 1
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -174,14 +192,29 @@ class NTMNet(nn.Module):
         keep = torch.rand(h.shape, generator=gen, dtype=torch.float64) >= self.dropout
         return h * keep.to(device=h.device, dtype=h.dtype) / (1 - self.dropout)
 
-    def encode(self, bow: torch.Tensor, ctx: torch.Tensor | None,
-               gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Posterior mean and log-variance."""
+    def encode_unnormalized(self, bow: torch.Tensor, ctx: torch.Tensor | None,
+                            gen: torch.Generator | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and log-variance before their batch norms."""
         h = bow if ctx is None or self.contextual_size == 0 else torch.cat([bow, ctx], 1)
         for layer in self.hidden:
             h = nn.functional.softplus(layer(h))
         h = self._drop(h, gen)
-        return self.bn_mu(self.f_mu(h)), self.bn_sigma(self.f_sigma(h))
+        return self.f_mu(h), self.f_sigma(h)
+
+    def encode(self, bow: torch.Tensor, ctx: torch.Tensor | None,
+               gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and log-variance."""
+        mu, logvar = self.encode_unnormalized(bow, ctx, gen)
+        return self.bn_mu(mu), self.bn_sigma(logvar)
+
+    def kl(self, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+        """Per-document KL divergence of the posterior from the (learned) logistic-normal
+        prior."""
+        var0 = self.prior_variance
+        k = mu.shape[1]
+        return 0.5 * ((torch.exp(logvar) / var0).sum(1) + ((self.prior_mean - mu) ** 2 / var0)
+                      .sum(1) - k + torch.log(var0).sum() - logvar.sum(1))
 
     def decode(self, theta: torch.Tensor) -> torch.Tensor:
         """Log word distribution of the product-of-experts decoder."""
@@ -194,11 +227,7 @@ class NTMNet(nn.Module):
         z = mu if eps is None else mu + eps * torch.exp(0.5 * logvar)
         theta = self._drop(torch.softmax(z, dim=1), gen)
         rec = -(bow * self.decode(theta)).sum(1)
-        var0 = self.prior_variance
-        k = mu.shape[1]
-        kl = 0.5 * ((torch.exp(logvar) / var0).sum(1) + ((self.prior_mean - mu) ** 2 / var0)
-                    .sum(1) - k + torch.log(var0).sum() - logvar.sum(1))
-        return rec + kl
+        return rec + self.kl(mu, logvar)
 
 
 def batch_schedule(n: int, batch_size: int, random_state: int) -> Iterator[np.ndarray]:
@@ -597,9 +626,11 @@ def simulate_sync(shards: Sequence[tuple[Any, np.ndarray | None]], params: NTMPa
 
     Each step, node ``i`` computes the gradient of its own next mini-batch (its own seeded
     order, seed ``random_state + 1 + i``) at the global weights; the gradients are averaged
-    weighted by batch size and one Adam step is taken; the batch-norm running statistics become
-    those of the union of the nodes' batches (:meth:`NeuralTopicModel.merge_running_stats`).
-    Returns the global model.
+    weighted by batch size and one Adam step is taken. With ``params.synced_batch_norm`` the
+    step runs the five phases of :mod:`common.models.ntm_sync_bn` (batch norm over the union
+    of the nodes' batches); otherwise each node normalizes its own batch and the batch-norm
+    running statistics become those of the union of the nodes' batches
+    (:meth:`NeuralTopicModel.merge_running_stats`). Returns the global model.
 
     Parameters
     ----------
@@ -620,16 +651,27 @@ def simulate_sync(shards: Sequence[tuple[Any, np.ndarray | None]], params: NTMPa
              for i in range(len(shards))]
     orders = [batch_schedule(X.shape[0], params.batch_size, random_state + 1 + i)
               for i, (X, _) in enumerate(shards)]
+    reducer = SyncBNReducer(glob)
     for t in range(steps):
         arrays = glob.get_arrays()
-        grads, sizes = [], []
+        grads, sizes, syncs = [], [], []
         for i, ((X, ctx), node) in enumerate(zip(shards, nodes, strict=True)):
             rows = next(orders[i])
             node.set_arrays(arrays)
             ids = None if doc_ids is None else np.asarray(doc_ids[i])[rows]
-            grads.append(node.gradients(X, ctx, rows, ids, step=t))
             sizes.append(len(rows))
-        glob.sync_step(grads, sizes, params.batch_stats)
+            if params.synced_batch_norm:
+                syncs.append(SyncBNStep(node, X, ctx, rows, ids, step=t))
+            else:
+                grads.append(node.gradients(X, ctx, rows, ids, step=t))
+        if not params.synced_batch_norm:
+            glob.sync_step(grads, sizes, params.batch_stats)
+            continue
+        published: Mapping[str, np.ndarray] = arrays
+        for phase in range(N_PHASES):
+            uploads = [s.upload(phase, published) for s in syncs]
+            published = reducer.reduce(phase, uploads, sizes)
+        glob.last_loss_ = float(np.average([s.loss_ for s in syncs], weights=sizes))
     return glob
 
 

@@ -89,24 +89,15 @@ class ServerFamily(ABC):
         """The payload one worker gets (the global one unless ``per_worker``)."""
         return self.global_
 
+    def participants(self) -> list[str] | None:
+        """The workers the next round must go to, or None (the default) to let the master
+        sample them (``client_fraction``). A family whose step spans several rounds keeps the
+        step's participants for all of them."""
+        return None
+
     def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Refuse an update whose arrays differ in name, shape or dtype, or are not finite."""
-        expected = self.global_.arrays
-        if set(arrays) != set(expected):
-            missing = sorted(set(expected) - set(arrays))
-            extra = sorted(set(arrays) - set(expected))
-            raise ProtocolError(f"arrays do not match the model: missing {missing}, "
-                                f"unexpected {extra}", code="shape")
-        for name, ref in expected.items():
-            a = arrays[name]
-            if a.dtype != ref.dtype:
-                raise ProtocolError(f"array {name!r}: dtype {a.dtype} but the model has "
-                                    f"{ref.dtype}", code="dtype")
-            if a.shape != ref.shape:
-                raise ProtocolError(f"array {name!r}: shape {a.shape} but the model has "
-                                    f"{ref.shape}", code="shape")
-            if not all_finite(a):
-                raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
+        check_arrays(arrays, {n: (a.shape, a.dtype) for n, a in self.global_.arrays.items()})
 
     def simulation_baselines(self) -> dict[str, Any] | None:
         """Baselines only a simulated cluster allows, where the master can see all the data.
@@ -123,3 +114,24 @@ class ServerFamily(ABC):
     def prepare(cls, cfg: ClusterConfig) -> None:
         """Work worth doing once per machine before a local cluster starts (``fedctl run``):
         e.g. embedding the shared dataset with a progress bar so every process hits the cache."""
+
+
+def check_arrays(arrays: Mapping[str, np.ndarray],
+                 expected: Mapping[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """Raise ProtocolError unless ``arrays`` has exactly the names of ``expected`` (name ->
+    (shape, dtype)), each of that shape and dtype and finite."""
+    if set(arrays) != set(expected):
+        missing = sorted(set(expected) - set(arrays))
+        extra = sorted(set(arrays) - set(expected))
+        raise ProtocolError(f"arrays do not match the model: missing {missing}, "
+                            f"unexpected {extra}", code="shape")
+    for name, (shape, dtype) in expected.items():
+        a = arrays[name]
+        if a.dtype != dtype:
+            raise ProtocolError(f"array {name!r}: dtype {a.dtype} but the model has "
+                                f"{np.dtype(dtype)}", code="dtype")
+        if a.shape != tuple(shape):
+            raise ProtocolError(f"array {name!r}: shape {a.shape} but the model has "
+                                f"{tuple(shape)}", code="shape")
+        if not all_finite(a):
+            raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")

@@ -11,8 +11,13 @@ its own batch's mean loss, named like the parameters, plus the running statistic
 moved. The master averages the gradients weighted by batch size, merges the running statistics
 into those of the union of the workers' batches
 (:meth:`common.models.ntm.NeuralTopicModel.merge_running_stats`), takes one Adam step on its
-own copy and publishes the new weights. ``mode: fedavg``: ordinary rounds of local epochs
-aggregated by the configured strategy.
+own copy and publishes the new weights. With ``sync_batch_norm`` (the default) batch norm
+runs over the union of the workers' batches and a step takes five rounds, the phases of
+:mod:`common.models.ntm_sync_bn`: the master merges what the workers upload in each
+(:class:`~common.models.ntm_sync_bn.SyncBNReducer`) and keeps the step's participants for all
+five; a step a participant drops out of, or abstains from, is redone from its first phase at
+the same weights. ``mode: fedavg``: ordinary rounds of local epochs aggregated by the
+configured strategy.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from common.models.ntm import (
     NTMParams,
     relative_change,
 )
-from master.families.base import Payload, ServerFamily
+from common.models.ntm_sync_bn import ABSTAIN, N_PHASES, SyncBNReducer
+from master.families.base import Payload, ServerFamily, check_arrays
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
 
@@ -55,6 +61,12 @@ class ProdLDAServer(ServerFamily):
                                               f"{cfg.source}: model")
         self.model_: NeuralTopicModel | None = None
         self.changes_: list[float] = []
+        self.steps_ = 0  # steps completed (one a round unless the batch norm is synchronized)
+        self.phase_ = 0  # of the step under way, with sync_batch_norm
+        self.step_workers_: list[str] = []  # who took part in its phase 0, in worker order
+        self.step_sizes_: list[int] = []  # their batch sizes
+        self.reducer_: SyncBNReducer | None = None
+        self.step_start_: dict[str, np.ndarray] = {}  # the weights the step started from
 
     def check_info(self, info: Mapping[str, Any]) -> None:
         check_vocabulary_info(info)
@@ -64,26 +76,52 @@ class ProdLDAServer(ServerFamily):
         vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)
         self.model_ = p.model(self.contextual_size, self.cfg.seed).initialize(len(vocab))
         self.setup_info_ = {"vocabulary": vocab, "contextual_size": self.contextual_size}
-        self.global_ = Payload(self._meta(0), self.model_.get_arrays())
-        log.info("%s: %d words agreed from %d vocabularies, %d topics, mode %s, %d parameters",
+        self._start_step()
+        log.info("%s: %d words agreed from %d vocabularies, %d topics, mode %s%s, %d parameters",
                  self.name, len(vocab), len(registrations), p.n_topics, p.mode,
+                 f", batch norm over the union batch ({N_PHASES} rounds a step)"
+                 if p.synced_batch_norm else "",
                  sum(a.size for a in self.global_.arrays.values()))
         return self.global_
 
-    def _meta(self, done: int) -> dict[str, Any]:
-        """``evaluate``: whether workers score the payload of step ``done + 1``."""
+    def _meta(self) -> dict[str, Any]:
+        """``step``: steps completed; ``evaluate``: whether workers score this payload (the
+        weights that step ``step + 1`` starts from); ``phase`` with a synchronized batch norm."""
         p = self.params
-        last = done + 1 >= self.cfg.rounds or self.finished()
-        ev = p.mode == "fedavg" or done % p.eval_every == 0 or last
-        return {"step": done, "evaluate": bool(ev)}
+        last = self.steps_ + 1 >= self.cfg.rounds // p.rounds_per_step or self.finished()
+        ev = p.mode == "fedavg" or self.steps_ % p.eval_every == 0 or last
+        meta: dict[str, Any] = {"step": self.steps_, "evaluate": bool(ev)}
+        if p.synced_batch_norm:
+            meta["phase"] = 0
+        return meta
+
+    def _start_step(self) -> Payload:
+        """Publish the weights: the first phase of a step (or the whole of it)."""
+        assert self.model_ is not None
+        self.phase_, self.step_workers_, self.step_sizes_ = 0, [], []
+        if self.params.synced_batch_norm:
+            self.reducer_ = SyncBNReducer(self.model_)
+        self.global_ = Payload(self._meta(), self.model_.get_arrays())
+        self.step_start_ = self.global_.arrays
+        return self.global_
+
+    def participants(self) -> list[str] | None:
+        # A synchronized step's later phases go to the workers that began it.
+        return list(self.step_workers_) if self.phase_ > 0 else None
 
     def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
         # Sync uploads are gradients, fedavg uploads weights: either way one array per
-        # parameter and running statistic, of its shape and dtype, all finite.
-        super().check_update(arrays)
+        # parameter and running statistic, of its shape and dtype, all finite. With a
+        # synchronized batch norm each phase has its own arrays (or the abstention).
+        if self.reducer_ is None:
+            super().check_update(arrays)
+        elif set(arrays) != {ABSTAIN}:
+            check_arrays(arrays, self.reducer_.expected_upload(self.phase_))
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         assert self.model_ is not None, "setup() first"
+        if self.reducer_ is not None:
+            return self._aggregate_phase(round_, results)
         before = self.global_.arrays
         if self.params.mode == "sync":
             # model_ already holds the global weights (set up, stepped or restored here).
@@ -96,8 +134,44 @@ class ProdLDAServer(ServerFamily):
             names = self.model_.param_names()
             self.changes_.append(relative_change({n: before[n] for n in names},
                                                  {n: arrays[n] for n in names}))
-        self.global_ = Payload(self._meta(round_), arrays)
+        self.steps_ += 1
+        self.global_ = Payload(self._meta(), arrays)
         return self.global_
+
+    def _aggregate_phase(self, round_: int, results: Sequence[ClientResult]) -> Payload:
+        """One phase of a synchronized-batch-norm step (see the module docstring)."""
+        assert self.model_ is not None and self.reducer_ is not None
+        who = [r.worker_id for r in results]
+        abstained = [r.worker_id for r in results if ABSTAIN in r.arrays]
+        if self.phase_ > 0 and (abstained or who != self.step_workers_):
+            gone = sorted(set(self.step_workers_) - set(who)) + abstained
+            log.warning("step %d: %s dropped out in phase %d; redoing the step", self.steps_ + 1,
+                        ", ".join(gone), self.phase_)
+            return self._start_step()
+        if self.phase_ == 0:
+            kept = [r for r in results if ABSTAIN not in r.arrays]
+            if not kept:
+                return self._start_step()
+            self.step_workers_ = [r.worker_id for r in kept]
+            self.step_sizes_ = [r.n_samples for r in kept]
+            results = kept
+        out = self.reducer_.reduce(self.phase_, [r.arrays for r in results], self.step_sizes_)
+        self.phase_ += 1
+        if self.phase_ < N_PHASES:
+            if round_ >= self.cfg.rounds:  # the round budget ends mid-step: keep the weights
+                log.info("the last round ended step %d in phase %d: it is dropped",
+                         self.steps_ + 1, self.phase_)
+                return self._start_step()
+            self.global_ = Payload({"step": self.steps_, "phase": self.phase_,
+                                    "evaluate": False}, out)
+            return self.global_
+        if self.params.tol > 0 or self.params.patience > 0:
+            names = self.model_.param_names()
+            start = self.step_start_
+            self.changes_.append(relative_change({n: start[n] for n in names},
+                                                 {n: out[n] for n in names}))
+        self.steps_ += 1
+        return self._start_step()
 
     def finished(self) -> bool:
         p = self.params
@@ -120,21 +194,27 @@ class ProdLDAServer(ServerFamily):
             arrays[f"adam.{i}.exp_avg"] = st["exp_avg"].cpu().numpy()
             arrays[f"adam.{i}.exp_avg_sq"] = st["exp_avg_sq"].cpu().numpy()
             steps[str(i)] = float(st["step"])
-        return {"changes": self.changes_, "adam_steps": steps}, arrays
+        if self.phase_ > 0:  # mid-step, the payload is statistics: keep the weights too
+            arrays.update({f"weights.{n}": a for n, a in self.model_.get_arrays().items()})
+        return {"changes": self.changes_, "adam_steps": steps, "steps": self.steps_}, arrays
 
     def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
         import torch
 
         self.changes_ = list(meta.get("changes", []))
+        self.steps_ = int(meta.get("steps", 0))
         vocab = self.setup_info_["vocabulary"]
         self.model_ = self.params.model(self.contextual_size, self.cfg.seed)
-        self.model_.initialize(len(vocab)).set_arrays(self.global_.arrays)
+        weights = {n[len("weights."):]: a for n, a in arrays.items() if n.startswith("weights.")}
+        self.model_.initialize(len(vocab)).set_arrays(weights or self.global_.arrays)
         sd = self.model_.optimizer_.state_dict()
         sd["state"] = {int(i): {"step": torch.tensor(s),
                                 "exp_avg": torch.as_tensor(arrays[f"adam.{i}.exp_avg"]),
                                 "exp_avg_sq": torch.as_tensor(arrays[f"adam.{i}.exp_avg_sq"])}
                        for i, s in meta.get("adam_steps", {}).items()}
         self.model_.optimizer_.load_state_dict(sd)
+        # A step the checkpoint caught mid-way is redone: its statistics were not kept.
+        self._start_step()
 
 
 class CombinedTMServer(ProdLDAServer):

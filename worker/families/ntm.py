@@ -8,8 +8,12 @@ vocabulary, over which the worker counts its documents (:func:`common.text.bow_m
 mini-batch (its own seeded order, a fresh permutation every epoch) and uploads the gradient of
 the batch's mean loss, by parameter name, with the batch-norm running statistics that batch
 moved. It scores the model only when the payload asks (``meta["evaluate"]``), so that a step
-stays cheap. ``mode: fedavg``: ``local_epochs`` local epochs from the global weights with a
-local Adam whose state persists across rounds; the weights travel.
+stays cheap. With ``sync_batch_norm`` (the default) a step takes five rounds: in the first the
+worker loads the weights and draws its batch, and in each it uploads what that phase of
+:class:`common.models.ntm_sync_bn.SyncBNStep` asks from what the master published; a worker
+that holds no state of the step (it restarted mid-step) abstains, and the master redoes the
+step. ``mode: fedavg``: ``local_epochs`` local epochs from the global weights with a local Adam
+whose state persists across rounds; the weights travel.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import scipy.sparse as sp
 
 from common.config import ClusterConfig, build_params
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
+from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
 from common.shards import LocalData, sentence_features
 from common.text import bow_matrix, vocabulary_info
 from common.topic_metrics import inverted_rbo, npmi_coherence, svm_scores, topic_diversity
@@ -67,6 +72,8 @@ class ProdLDAClient(ClientFamily):
         self.model: NeuralTopicModel | None = None
         self.c_train: np.ndarray | None = None
         self.c_test: np.ndarray | None = None
+        self.step_: SyncBNStep | None = None  # the synchronized step under way
+        self.step_number_ = -1
 
     def registration_info(self) -> dict[str, Any]:
         return vocabulary_info(self.train_texts)
@@ -93,6 +100,8 @@ class ProdLDAClient(ClientFamily):
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
+        if self.params.synced_batch_norm:
+            return self._fit_phase(round_, meta, arrays)
         self.model.set_arrays(arrays)
         t0 = time.perf_counter()
         if self.params.mode == "sync":
@@ -111,6 +120,27 @@ class ProdLDAClient(ClientFamily):
         metrics = {"train_loss": self.model.last_loss_, "train_time": time.perf_counter() - t0}
         return FitResult(out, n, metrics)
 
+    def _fit_phase(self, round_: int, meta: Mapping[str, Any],
+                   arrays: Mapping[str, np.ndarray]) -> FitResult:
+        """One phase of a synchronized-batch-norm step."""
+        assert self.model is not None
+        t0 = time.perf_counter()
+        phase, step = int(meta.get("phase", 0)), int(meta.get("step", round_ - 1))
+        if phase == 0:
+            self.model.set_arrays(arrays)
+            rows = next(self.batches)
+            self.step_ = SyncBNStep(self.model, self.x_train, self.c_train, rows,
+                                    self.doc_ids[rows], step)
+            self.step_number_ = step
+        elif self.step_ is None or self.step_number_ != step or self.step_.phase != phase:
+            # Nothing of this step here (a restart, or a phase missed): the master redoes it.
+            return FitResult({ABSTAIN: np.zeros(0)}, 1, {"abstain": 1.0})
+        out = self.step_.upload(phase, arrays)
+        metrics = {"train_time": time.perf_counter() - t0}
+        if phase == 2:  # the loss is known once the decoder's statistics are
+            metrics["train_loss"] = self.step_.loss_
+        return FitResult(out, self.step_.n_local, metrics)
+
     def _scores(self, model: NeuralTopicModel) -> dict[str, float]:
         assert self.vocabulary_ is not None
         return topic_scores(model, self.vocabulary_, self.x_train, self.c_train, self.y_train,
@@ -124,11 +154,12 @@ class ProdLDAClient(ClientFamily):
         return self._scores(scorer)
 
     def local_baseline(self) -> dict[str, float]:
-        """The same model on this worker's documents alone, same budget: ``rounds`` steps
-        (sync) or ``rounds x local_epochs`` epochs (fedavg)."""
+        """The same model on this worker's documents alone, same budget: as many steps as the
+        rounds gave (sync) or ``rounds x local_epochs`` epochs (fedavg)."""
         model = self._fresh()
         if self.params.mode == "sync":
-            model.fit(self.x_train, self.c_train, steps=self.cfg.rounds, doc_ids=self.doc_ids)
+            model.fit(self.x_train, self.c_train, steps=self.cfg.rounds // self.params
+                      .rounds_per_step, doc_ids=self.doc_ids)
         else:
             model.fit(self.x_train, self.c_train,
                       epochs=self.cfg.rounds * self.params.local_epochs, doc_ids=self.doc_ids)
