@@ -115,7 +115,8 @@ def run_dataset(name: str, path: Path, args: argparse.Namespace) -> dict:
     for family, csize in (("prodlda", 0), ("combinedtm", CONTEXT_SIZE)):
         if family not in args.models.split(","):
             continue
-        p = NTMParams(n_topics=args.topics, sync_batch_norm=args.batch_norm == "sync")
+        p = NTMParams(n_topics=args.topics, sync_batch_norm=args.batch_norm == "sync",
+                      doc_noise=args.common_noise)
         ctx = emb if csize else None
         c_test = emb[test] if csize else None
         steps = args.epochs * math.ceil(len(train) / (args.nodes * p.batch_size))
@@ -123,10 +124,12 @@ def run_dataset(name: str, path: Path, args: argparse.Namespace) -> dict:
         runs = []
         for seed in seeds(args):
             t0 = time.perf_counter()
-            central = simulate_union(shards, p, steps, random_state=seed, contextual_size=csize)
+            central = simulate_union(shards, p, steps, random_state=seed, contextual_size=csize,
+                                     doc_ids=parts)
             t_central = time.perf_counter() - t0
             t0 = time.perf_counter()
-            fed = simulate_sync(shards, p, steps, random_state=seed, contextual_size=csize)
+            fed = simulate_sync(shards, p, steps, random_state=seed, contextual_size=csize,
+                                doc_ids=parts)
             t_fed = time.perf_counter() - t0
             run = {"seed": seed, "centralized": scores(central, vocab, X, X[test], c_test),
                    "federated": scores(fed, vocab, X, X[test], c_test),
@@ -156,6 +159,10 @@ def main() -> None:
                          "run both ways")
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--models", default="prodlda,combinedtm")
+    ap.add_argument("--common-noise", action="store_true",
+                    help="draw each document's noise and dropout masks from its own seeded "
+                         "generator (doc_noise), the same in both runs of a pair")
+    ap.add_argument("--out", default=None, help="results file stem (default by --batch-norm)")
     ap.add_argument("--batch-norm", choices=("sync", "local"), default="sync",
                     help="federated batch norm over the union of the nodes' batches (sync) or "
                          "over each node's own (local)")
@@ -216,7 +223,7 @@ def main() -> None:
                 lines.append("")
     md = "\n".join(lines)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "ntm_real" if args.batch_norm == "sync" else "ntm_real_local_bn"
+    stem = args.out or ("ntm_real" if args.batch_norm == "sync" else "ntm_real_local_bn")
     (RESULTS / f"{stem}.md").write_text(md + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"args": vars(args), "results": results}, indent=2))

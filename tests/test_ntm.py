@@ -146,20 +146,21 @@ def _assert_same_weights(fed: dict[str, np.ndarray], ref: dict[str, np.ndarray],
         np.testing.assert_allclose(fed[name], ref[name], rtol=1e-5, atol=tol, err_msg=name)
 
 
-def test_sync_batch_norm_simulation_equals_union_batches_with_batch_statistics() -> None:
+def test_sync_batch_norm_simulation_equals_union_batches_with_dropout_and_statistics() -> None:
     # Label-skewed nodes (each its own private topics): per-node batch norm would normalize
     # each node's batch by its own statistics; synchronized, by the union's, as centralized.
+    # Dropout (0.2) and noise on, drawn per document, so both runs draw the same.
     c = make_federated_lda(n_nodes=3, vocab_size=200, n_topics=6, n_shared=0,
                            docs_per_node=60, eta=0.05, random_state=0)
     shards = [(X, None) for X in c.X]
     ids = [np.arange(60) + 60 * i for i in range(3)]
-    exact = NTMParams(n_topics=6, dropout=0.0, doc_noise=True, batch_size=16)
+    exact = NTMParams(n_topics=6, doc_noise=True, batch_size=16)
     assert exact.batch_stats and exact.synced_batch_norm and exact.rounds_per_step == 5
+    assert exact.dropout > 0
     central = simulate_union(shards, exact, 50, doc_ids=ids).get_arrays()
     _assert_same_weights(simulate_sync(shards, exact, 50, doc_ids=ids).get_arrays(), central)
     # Each node normalizing its own batch trains another model.
-    local = NTMParams(n_topics=6, dropout=0.0, doc_noise=True, batch_size=16,
-                      sync_batch_norm=False)
+    local = NTMParams(n_topics=6, doc_noise=True, batch_size=16, sync_batch_norm=False)
     apart = simulate_sync(shards, local, 50, doc_ids=ids).get_arrays()
     assert np.abs(apart["beta"] - central["beta"]).max() > 1e-2
 
@@ -272,9 +273,10 @@ EXACT = {"family": "prodlda", "mode": "sync", "n_topics": 8, "vocab_size": 300,
 @pytest.mark.parametrize("batch_norm", [
     # One round a step; batch norm on fixed statistics, so no document depends on another.
     {"batch_stats": False},
-    # Five rounds a step; batch norm over the union of the three workers' batches. In float64:
-    # dividing by the batch's scale makes float32 rounding grow past 1e-5 within 30 steps.
-    {"batch_stats": True, "sync_batch_norm": True, "dtype": "float64"},
+    # Five rounds a step; batch norm over the union of the three workers' batches, dropout on
+    # (masks drawn per document). In float64: dividing by the batch's scale makes float32
+    # rounding grow past 1e-5 within 30 steps.
+    {"batch_stats": True, "sync_batch_norm": True, "dropout": 0.2, "dtype": "float64"},
 ], ids=["fixed-statistics", "synchronized-batch-norm"])
 def test_sync_cluster_equals_centralized_training_on_the_union_batches(
         tmp_path: Path, make_config: MakeConfig, embed_cache: Path,

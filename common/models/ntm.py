@@ -21,9 +21,9 @@ synchronous mode) and :meth:`NeuralTopicModel.apply_gradients` (the optimizer st
 Exactness switches (for comparing a federated with a centralized run bit for bit):
 ``dropout=0``; ``batch_stats=False`` keeps every batch-norm layer in eval mode on its fixed
 running statistics (mean 0, variance 1: a constant rescaling), so no document's output depends
-on the others in its batch; ``doc_noise=True`` draws each document's reparameterization noise
-from a generator seeded by (``random_state``, the document's global id, the step), so a
-document gets the same noise whichever worker or batch holds it.
+on the others in its batch; ``doc_noise=True`` draws each document's reparameterization noise and
+dropout masks from a generator seeded by (``random_state``, the document's global id, the
+step), so a document gets the same draws whichever worker or batch holds it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class NTMParams:
     batch_stats : bool, default True
         Batch normalization with batch statistics (False: fixed statistics, for exactness).
     doc_noise : bool, default False
-        Reparameterization noise seeded per document (for exactness).
+        Reparameterization noise and dropout masks seeded per document (for exactness, and
+        for comparisons with common random numbers).
     sync_batch_norm : bool, default True
         (sync, with ``batch_stats``) batch norm over the union of the workers' batches, as a
         centralized step over that union would: a step then takes five rounds
@@ -160,6 +161,15 @@ class NTMParams:
             device=device, random_state=random_state, noise_seed=noise_seed)
 
 
+@dataclass
+class DocDraws:
+    """The uniforms behind a batch's two dropout masks, drawn per document (``doc_noise``):
+    for the last hidden layer and for theta."""
+
+    hidden: torch.Tensor
+    theta: torch.Tensor
+
+
 class NTMNet(nn.Module):
     """ProdLDA / CombinedTM network (``contextual_size`` 0 or the embedding width)."""
 
@@ -184,28 +194,34 @@ class NTMNet(nn.Module):
         self.bn_beta = nn.BatchNorm1d(vocab_size, affine=False)
         self.contextual_size = contextual_size
 
-    def _drop(self, h: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-        """Inverted dropout drawn from ``gen`` (the model's own seeded generator, so that a run
-        does not depend on what else used torch's global generator)."""
+    def _drop(self, h: torch.Tensor, gen: torch.Generator | None,
+              u: torch.Tensor | None = None) -> torch.Tensor:
+        """Inverted dropout: keep where the uniforms ``u`` (drawn per document, see
+        ``doc_noise``), or fresh ones from ``gen`` (the model's own seeded generator, so that a
+        run does not depend on what else used torch's global generator), reach the rate."""
         if not self.training or self.dropout == 0:
             return h
-        keep = torch.rand(h.shape, generator=gen, dtype=torch.float64) >= self.dropout
+        if u is None:
+            u = torch.rand(h.shape, generator=gen, dtype=torch.float64)
+        keep = u >= self.dropout
         return h * keep.to(device=h.device, dtype=h.dtype) / (1 - self.dropout)
 
     def encode_unnormalized(self, bow: torch.Tensor, ctx: torch.Tensor | None,
-                            gen: torch.Generator | None = None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Posterior mean and log-variance before their batch norms."""
+                            gen: torch.Generator | None = None,
+                            u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and log-variance before their batch norms (``u``: the dropout
+        uniforms of the last hidden layer, if drawn per document)."""
         h = bow if ctx is None or self.contextual_size == 0 else torch.cat([bow, ctx], 1)
         for layer in self.hidden:
             h = nn.functional.softplus(layer(h))
-        h = self._drop(h, gen)
+        h = self._drop(h, gen, u)
         return self.f_mu(h), self.f_sigma(h)
 
     def encode(self, bow: torch.Tensor, ctx: torch.Tensor | None,
-               gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               gen: torch.Generator | None = None, u: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior mean and log-variance."""
-        mu, logvar = self.encode_unnormalized(bow, ctx, gen)
+        mu, logvar = self.encode_unnormalized(bow, ctx, gen, u)
         return self.bn_mu(mu), self.bn_sigma(logvar)
 
     def kl(self, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -221,11 +237,13 @@ class NTMNet(nn.Module):
         return torch.log_softmax(self.bn_beta(theta @ self.beta), dim=1)
 
     def loss(self, bow: torch.Tensor, ctx: torch.Tensor | None, eps: torch.Tensor | None,
-             gen: torch.Generator | None = None) -> torch.Tensor:
-        """Per-document negative ELBO; ``eps`` None uses the posterior mean (no sampling)."""
-        mu, logvar = self.encode(bow, ctx, gen)
+             gen: torch.Generator | None = None, draws: DocDraws | None = None
+             ) -> torch.Tensor:
+        """Per-document negative ELBO; ``eps`` None uses the posterior mean (no sampling);
+        ``draws``: the dropout uniforms drawn per document (else from ``gen``)."""
+        mu, logvar = self.encode(bow, ctx, gen, draws and draws.hidden)
         z = mu if eps is None else mu + eps * torch.exp(0.5 * logvar)
-        theta = self._drop(torch.softmax(z, dim=1), gen)
+        theta = self._drop(torch.softmax(z, dim=1), gen, draws and draws.theta)
         rec = -(bow * self.decode(theta)).sum(1)
         return rec + self.kl(mu, logvar)
 
@@ -257,7 +275,8 @@ class NeuralTopicModel:
     batch_stats : bool, default True
         False keeps batch normalization on fixed statistics (see the module docstring).
     doc_noise : bool, default False
-        Seed each document's reparameterization noise by its id and the step.
+        Seed each document's reparameterization noise and dropout masks by its id and the
+        step.
     dtype : {"float32", "float64"}, default "float32"
     device : str, default "cpu"
     random_state : int, default 0
@@ -364,19 +383,29 @@ class NeuralTopicModel:
                                 device=self.device)
         return bow, c
 
-    def _noise(self, n: int, doc_ids: np.ndarray | None, step: int) -> torch.Tensor:
+    def _noise(self, n: int, doc_ids: np.ndarray | None, step: int
+               ) -> tuple[torch.Tensor, DocDraws | None]:
+        """The batch's reparameterization noise and, with ``doc_noise``, its dropout uniforms,
+        each row from a generator seeded by (noise seed, document id, step): whichever worker
+        or batch holds a document, it gets the same draws."""
         k = self.n_topics
-        if self.doc_noise and doc_ids is not None:
-            eps = torch.empty(n, k, dtype=torch.float64)
-            g = torch.Generator(device="cpu")
-            for i, d in enumerate(doc_ids):
-                # One seed per (model seed, document, step): any worker draws the same noise.
-                seed = self.random_state if self.noise_seed is None else self.noise_seed
-                g.manual_seed((seed * 1_000_003 + int(d)) * 1_000_033 + step)
-                eps[i] = torch.randn(k, generator=g, dtype=torch.float64)
-        else:
+        if not (self.doc_noise and doc_ids is not None):
             eps = torch.randn(n, k, generator=self.noise_, dtype=torch.float64)
-        return eps.to(device=self.device, dtype=self._torch_dtype)
+            return eps.to(device=self.device, dtype=self._torch_dtype), None
+        width = self.hidden_sizes[-1]
+        eps = torch.empty(n, k, dtype=torch.float64)
+        hidden = torch.empty(n, width, dtype=torch.float64)
+        theta = torch.empty(n, k, dtype=torch.float64)
+        g = torch.Generator(device="cpu")
+        seed = self.random_state if self.noise_seed is None else self.noise_seed
+        for i, d in enumerate(doc_ids):
+            g.manual_seed((seed * 1_000_003 + int(d)) * 1_000_033 + step)
+            eps[i] = torch.randn(k, generator=g, dtype=torch.float64)
+            if self.dropout > 0:  # after the noise, so that it is what it was without them
+                hidden[i] = torch.rand(width, generator=g, dtype=torch.float64)
+                theta[i] = torch.rand(k, generator=g, dtype=torch.float64)
+        draws = DocDraws(hidden.to(self.device), theta.to(self.device)) if self.dropout else None
+        return eps.to(device=self.device, dtype=self._torch_dtype), draws
 
     def _mode(self, train: bool) -> None:
         self.net_.train(train)
@@ -390,8 +419,8 @@ class NeuralTopicModel:
         """Mean negative ELBO of rows ``rows`` in training mode (graph kept for backward)."""
         self._mode(True)
         bow, c = self._tensors(X, ctx, rows)
-        eps = self._noise(len(rows), doc_ids, self.steps_ if step is None else step)
-        return self.net_.loss(bow, c, eps, self.noise_).mean()
+        eps, draws = self._noise(len(rows), doc_ids, self.steps_ if step is None else step)
+        return self.net_.loss(bow, c, eps, self.noise_, draws).mean()
 
     def gradients(self, X: Any, ctx: np.ndarray | None, rows: np.ndarray,
                   doc_ids: np.ndarray | None = None, step: int | None = None

@@ -112,9 +112,10 @@ class SyncBNStep:
         for p in model._trainable():
             p.grad = None
         self.bow, c = model._tensors(X, ctx, rows)
-        self.eps = model._noise(len(rows), doc_ids, step)
+        self.eps, self.draws = model._noise(len(rows), doc_ids, step)
         # Both encoder batch norms' inputs side by side: one exchange serves the two.
-        self.a = torch.cat(net.encode_unnormalized(self.bow, c, model.noise_), 1)
+        self.a = torch.cat(net.encode_unnormalized(self.bow, c, model.noise_,
+                                                   self.draws and self.draws.hidden), 1)
         self.loss_ = float("nan")
 
     def _normalize(self, x: torch.Tensor, stats: Mapping[str, np.ndarray]
@@ -153,7 +154,8 @@ class SyncBNStep:
             self.y1, self.inv1 = self._normalize(self.a, arrays)
             mu, logvar = self.y1[:, :k], self.y1[:, k:]
             z = mu + self.eps * torch.exp(0.5 * logvar)
-            theta = net._drop(torch.softmax(z, dim=1), self.model.noise_)
+            theta = net._drop(torch.softmax(z, dim=1), self.model.noise_,
+                              self.draws and self.draws.theta)
             self.d = theta @ net.beta
             self.kl = net.kl(mu, logvar)
             return _moments(self.d)
