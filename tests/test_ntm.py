@@ -464,3 +464,27 @@ def test_master_runs_synchronized_steps_and_redoes_one_a_worker_leaves() -> None
     # The round budget (13) ends mid-step: the final payload is the weights, not statistics.
     final = phase(steps, mid, round_=13)
     assert final.meta["phase"] == 0 and set(final.arrays) == set(payload.arrays)
+
+
+def test_worker_abstains_from_a_step_it_holds_no_state_of(tmp_path: Path) -> None:
+    from common.models.ntm_sync_bn import ABSTAIN
+    from tests.conftest import config_dict
+    from worker.families.ntm import ProdLDAClient
+
+    raw = config_dict(tmp_path / "out", tmp_path / "cache", workers=2,
+                      model={"family": "prodlda", "n_topics": 4, "batch_size": 16})
+    cfg = parse_config(raw, "<test>")
+    client = ProdLDAClient(cfg, local_data(cfg, "w1"), "cpu", worker_seed(cfg, "w1"))
+    vocab = sorted(client.registration_info()["vocabulary"])[:200]
+    client.setup({"vocabulary": vocab, "contextual_size": 0})
+    weights = NTMParams(n_topics=4).model(0, 0).initialize(len(vocab)).get_arrays()
+    stats = {"mean": np.zeros(8), "var": np.ones(8), "n": np.asarray(32.0)}
+    # Phase 1 of a step whose phase 0 this worker never saw (it restarted mid-step).
+    lost = client.fit(6, {"step": 1, "phase": 1}, stats)
+    assert set(lost.arrays) == {ABSTAIN} and lost.metrics["abstain"] == 1.0
+    # Having begun step 1, it answers its phase 1, but not a phase of another step.
+    first = client.fit(7, {"step": 1, "phase": 0, "evaluate": False}, weights)
+    assert set(first.arrays) == {"mean", "m2"} and first.arrays["mean"].shape == (8,)
+    assert first.n_samples == 16
+    assert set(client.fit(8, {"step": 2, "phase": 1}, stats).arrays) == {ABSTAIN}
+    assert set(client.fit(8, {"step": 1, "phase": 1}, stats).arrays) == {"mean", "m2"}

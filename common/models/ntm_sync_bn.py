@@ -118,13 +118,13 @@ class SyncBNStep:
                                                    self.draws and self.draws.hidden), 1)
         self.loss_ = float("nan")
 
-    def _normalize(self, x: torch.Tensor, stats: Mapping[str, np.ndarray]
+    def _normalize(self, x: torch.Tensor, stats: Mapping[str, np.ndarray], eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch norm's output by the union's statistics, as a leaf (its gradient is the
         ``g`` of the backward formula), and 1 / sqrt(var + eps)."""
         t = self.a
-        inv = torch.as_tensor(1.0 / np.sqrt(np.asarray(stats["var"]) + self.model.net_.bn_mu.eps),
-                              dtype=t.dtype, device=t.device)
+        inv = torch.as_tensor(1.0 / np.sqrt(np.asarray(stats["var"]) + eps), dtype=t.dtype,
+                              device=t.device)
         mean = torch.as_tensor(np.asarray(stats["mean"]), dtype=t.dtype, device=t.device)
         return ((x.detach() - mean) * inv).requires_grad_(), inv
 
@@ -151,7 +151,7 @@ class SyncBNStep:
             return _moments(self.a)
         if phase == 1:
             self.n_union = float(np.asarray(arrays["n"]))
-            self.y1, self.inv1 = self._normalize(self.a, arrays)
+            self.y1, self.inv1 = self._normalize(self.a, arrays, net.bn_mu.eps)
             mu, logvar = self.y1[:, :k], self.y1[:, k:]
             z = mu + self.eps * torch.exp(0.5 * logvar)
             theta = net._drop(torch.softmax(z, dim=1), self.model.noise_,
@@ -160,7 +160,7 @@ class SyncBNStep:
             self.kl = net.kl(mu, logvar)
             return _moments(self.d)
         if phase == 2:
-            self.y2, self.inv2 = self._normalize(self.d, arrays)
+            self.y2, self.inv2 = self._normalize(self.d, arrays, net.bn_beta.eps)
             rec = -(self.bow * torch.log_softmax(self.y2, dim=1)).sum(1)
             self.loss_ = float((rec.detach() + self.kl.detach()).mean())
             (rec.sum() / self.n_union).backward()  # only y2 is upstream: y2.grad = g
@@ -202,7 +202,7 @@ class SyncBNReducer:
             width = v if phase == 2 else k2
             return {"sum_g": ((width,), f64), "sum_gy": ((width,), f64)}
         params = dict(self.model.net_.named_parameters())
-        return {n: (tuple(params[n].shape), np.dtype(str(params[n].dtype).split(".")[1]))
+        return {n: (tuple(params[n].shape), np.dtype(self.model.dtype))
                 for n in self.model.param_names()}
 
     def reduce(self, phase: int, uploads: Sequence[Mapping[str, np.ndarray]],
