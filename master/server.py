@@ -116,6 +116,7 @@ class Master:
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
         self._budget_logged = False
+        self._absent: set[str] = set()  # warned of once, until they report again
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
         self._auth = None
@@ -420,9 +421,18 @@ class Master:
         missing = sorted(waiting)
         if missing:
             dead = [w for w in missing if w not in live]
-            log.warning("round %d: closing without %s%s", rnd.number, ", ".join(missing),
-                        f" (no heartbeat for {self.cfg.heartbeat_timeout:g}s: "
-                        f"{', '.join(dead)})" if dead else " (deadline)")
+            # Millisecond rounds would repeat the same warning hundreds of times a second while
+            # a worker is down: warn once per absence, the rest goes to the debug log (and every
+            # round's `missing` to metrics.jsonl).
+            level = logging.DEBUG if set(missing) <= self._absent else logging.WARNING
+            log.log(level, "round %d: closing without %s%s", rnd.number, ", ".join(missing),
+                    f" (no heartbeat for {self.cfg.heartbeat_timeout:g}s: "
+                    f"{', '.join(dead)})" if dead else " (deadline)")
+            self._absent |= set(missing)
+        back = sorted(self._absent & set(rnd.results))
+        if back:
+            log.info("round %d: %s reported again", rnd.number, ", ".join(back))
+            self._absent -= set(back)
         t0 = time.perf_counter()
         # In worker order, not arrival order: the same updates always give the same sum.
         results = [rnd.results[w] for w in sorted(rnd.results)]

@@ -266,9 +266,13 @@ class Worker:
                                              "n_samples": result.n_samples, "metrics": metrics,
                                              "compression": self.compressor.kind,
                                              "sent_at": time.time()}, arrays)
-            log.info("round %d: loss %.4f, global model before training macro-F1 %.4f, "
-                     "%.3fs training%s", rnd, metrics.get("train_loss", float("nan")),
-                     metrics.get("macro_f1", float("nan")), metrics.get("train_time", 0.0),
+            # Only what the round measured: a step of several rounds has a loss in one of
+            # them, and scores only where the master asked for them.
+            said = [f"{label} {metrics[key]:.4f}" for key, label in (
+                ("train_loss", "loss"), ("macro_f1", "global model before training macro-F1"))
+                if key in metrics]
+            log.info("round %d: %s%.3fs training%s", rnd, "".join(x + ", " for x in said),
+                     metrics.get("train_time", 0.0),
                      " (resend)" if reply.body.get("duplicate") else "")
         except RemoteError as exc:
             if exc.code == "not_ready":
