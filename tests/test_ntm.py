@@ -487,4 +487,6 @@ def test_worker_abstains_from_a_step_it_holds_no_state_of(tmp_path: Path) -> Non
     assert set(first.arrays) == {"mean", "m2"} and first.arrays["mean"].shape == (8,)
     assert first.n_samples == 16
     assert set(client.fit(8, {"step": 2, "phase": 1}, stats).arrays) == {ABSTAIN}
+    with pytest.raises(ValueError, match="expected array 'var' of shape"):  # a broken payload
+        client.fit(8, {"step": 1, "phase": 1}, {**stats, "var": np.ones(3)})
     assert set(client.fit(8, {"step": 1, "phase": 1}, stats).arrays) == {"mean", "m2"}

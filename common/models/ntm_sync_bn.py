@@ -69,6 +69,20 @@ def _sums(g: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
     return {"sum_g": g64.sum(0).cpu().numpy(), "sum_gy": (g64 * y64).sum(0).cpu().numpy()}
 
 
+def _check_published(phase: int, arrays: Mapping[str, np.ndarray], width: int) -> None:
+    """Refuse a payload that is not what the master publishes for ``phase``, in one line."""
+    names = {1: ("mean", "var", "n"), 2: ("mean", "var"), 3: ("sum_g", "sum_gy"),
+             4: ("sum_g", "sum_gy")}.get(phase)
+    if names is None:
+        raise ValueError(f"phase {phase}: a step has phases 0 to {N_PHASES - 1}")
+    for name in names:
+        shape = () if name == "n" else (width,)
+        if name not in arrays or np.shape(arrays[name]) != shape:
+            raise ValueError(f"phase {phase} ({PHASES[phase]}): expected array {name!r} of "
+                             f"shape {shape} from the master, got "
+                             f"{np.shape(arrays[name]) if name in arrays else 'none'}")
+
+
 def merge_moments(uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]
                   ) -> dict[str, np.ndarray]:
     """The union's per-feature mean and biased variance (what batch norm normalizes by) from
@@ -144,9 +158,11 @@ class SyncBNStep:
         (the weights, already loaded into the model, in phase 0)."""
         if phase != self.phase:
             raise ValueError(f"phase {phase} out of turn: this step is at phase {self.phase}")
-        self.phase += 1
         net = self.model.net_
         k = self.model.n_topics
+        if phase > 0:
+            _check_published(phase, arrays, 2 * k if phase in (1, 4) else net.beta.shape[1])
+        self.phase += 1
         if phase == 0:
             return _moments(self.a)
         if phase == 1:
