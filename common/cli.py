@@ -133,11 +133,13 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
     """Run a whole cluster on this machine: a master and N workers as separate processes
     over TCP loopback, with a live progress display; prints the comparison table."""
     _setup_logging(log_level)
-    from common.local_cluster import run_local_cluster
-    from master.families import make_server_family
-
     try:
         cfg = _load(config, workers, rounds, output)
+        # Imported once the config has loaded: a bad config is reported without waiting for
+        # torch and the model families to import.
+        from common.local_cluster import run_local_cluster
+        from master.families import make_server_family
+
         make_server_family(cfg)  # the model and strategy sections, checked before any process
         code = run_local_cluster(cfg, progress=progress, log_level=log_level)
     except (ConfigError, ValueError, OSError) as exc:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from common.atomic import atomic_save_npy
 from common.partitions import dirichlet_equal
@@ -511,6 +510,8 @@ def holdout_split(
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) < 2:
         raise DataError(f"a shard of {len(rows)} row(s) cannot be split into train and test")
+    from sklearn.model_selection import train_test_split  # ~1 s: not at `fedctl` start-up
+
     y_s = np.asarray(y)[rows]
     _, counts = np.unique(y_s, return_counts=True)
     stratify = y_s if counts.min() >= 2 else None
