@@ -90,15 +90,18 @@ def test_bad_compressed_updates_are_refused(kind: str, mutate, code: str) -> Non
 
 @pytest.mark.slow
 def test_cluster_with_int8_updates(tmp_path: Path, make_config: MakeConfig) -> None:
-    for name in ("plain", "int8"):
-        (tmp_path / name).mkdir()
-    plain = make_config(tmp_path / "plain", workers=2, rounds=3)
-    small = make_config(tmp_path / "int8", workers=2, rounds=3, compression={"kind": "int8"})
-    for cfg in (plain, small):
-        result = run_fedctl("run", "--config", str(cfg), "--no-progress", timeout=240)
-        assert result.returncode == 0, result.stderr[-2000:]
-    up = {name: [e["bytes_out"] for e in events(tmp_path / name / "out", "worker_round")]
-          for name in ("plain", "int8")}
-    assert max(up["int8"]) < 0.3 * min(up["plain"])
-    f1 = [e["mean_macro_f1"] for e in events(tmp_path / "int8" / "out", "round")]
+    cfg = make_config(tmp_path, workers=2, rounds=3, compression={"kind": "int8"})
+    result = run_fedctl("run", "--config", str(cfg), "--no-progress", timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = tmp_path / "out"
+    up = [e["bytes_out"] for e in events(out, "worker_round")]
+    assert len(up) == 2 * 3
+    # An uncompressed update carries every float32 array of the model (test_cluster checks
+    # bytes_out >= the model's size on a plain run), so this bound is no looser than comparing
+    # with a plain run of the same job.
+    with np.load(out / "model.npz") as npz:
+        arrays = [npz[name] for name in npz.files]
+    assert arrays and all(a.dtype == np.float32 for a in arrays)
+    assert max(up) < 0.3 * sum(a.nbytes for a in arrays)
+    f1 = [e["mean_macro_f1"] for e in events(out, "round")]
     assert all(0 <= x <= 1 for x in f1)
