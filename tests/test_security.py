@@ -151,7 +151,7 @@ def test_unknown_keys_and_plaintext_are_refused(tmp_path: Path, make_config: Mak
 
     # A whole worker process with an unadmitted key cannot even read the announcements.
     raw["security"]["keys_dir"] = str(tmp_path / "rogue")
-    raw["join_timeout"] = 5
+    raw["join_timeout"] = 2  # how long it listens for an announcement before it gives up
     rogue_cfg = tmp_path / "rogue.yaml"
     rogue_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
     (tmp_path / "rogue" / "master.key").write_bytes((tmp_path / "keys" / "master.key")
