@@ -281,7 +281,7 @@ EXACT = {"family": "prodlda", "mode": "sync", "n_topics": 8, "vocab_size": 300,
 def test_sync_cluster_equals_centralized_training_on_the_union_batches(
         tmp_path: Path, make_config: MakeConfig, embed_cache: Path,
         batch_norm: dict) -> None:
-    steps = 50 if not batch_norm["batch_stats"] else 30
+    steps = 30 if not batch_norm["batch_stats"] else 20
     per_step = NTMParams(**{k: v for k, v in {**EXACT, **batch_norm}.items()
                             if k != "family"}).rounds_per_step
     cfg_path = make_config(tmp_path, workers=3, rounds=steps * per_step,
