@@ -144,7 +144,9 @@ def main() -> None:
     scale = (f"L = {args.nodes} nodes, V = {args.vocab}, K = {args.topics}, "
              f"{args.docs} documents per node (lengths 150-250), alpha = 50/K, "
              f"{args.steps} steps of batch 64 per node for both (Adam lr {args.lr}, "
-             f"beta1 {args.beta1}), {args.seeds} seed(s), in-process simulation")
+             f"beta1 {args.beta1}), {args.seeds} seed(s), in-process simulation, federated "
+             f"batch norm over the union of the nodes' batches (the default since "
+             f"`sync_batch_norm`)")
     md = "\n\n".join([
         "# gFedNTM Fig. 3 at reduced scale",
         f"Scale: {scale}. Wall time {time.perf_counter() - t0:.0f} s (2 shared CPU cores).",
