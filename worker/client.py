@@ -212,6 +212,9 @@ class Worker:
                 self._register(msg)
                 continue
             if msg.kind in (M.ROUND, M.DIRECT):
+                msg = self._newest(msg)
+                if msg.kind == M.SHUTDOWN:
+                    return self._finish()
                 if msg.body.get("round", 0) > self.last_round:
                     self._train(msg)
             elif msg.kind == M.SHUTDOWN:
@@ -233,6 +236,29 @@ class Worker:
                             raise
                         continue  # it closed (or the master restarted) meanwhile
                     self._train(model)
+
+    def _newest(self, msg: Message) -> Message:
+        """The newest round already queued behind ``msg``, or a queued shutdown.
+
+        A worker that fell behind (it was starting up, paused, or slow) would otherwise train
+        on every round it missed, one after another, each refused as stale. Announcements in
+        the queue are dropped: they are beacons, and the next one says the same.
+        """
+        assert self.sub is not None
+        first = int(msg.body.get("round", 0))
+        while self.sub.poll(0, zmq.POLLIN):
+            queued = self._recv_sub(0)
+            if queued is None:
+                continue
+            if queued.kind == M.SHUTDOWN:
+                return queued
+            if (queued.kind in (M.ROUND, M.DIRECT)
+                    and queued.body.get("round", 0) > msg.body.get("round", 0)):
+                msg = queued
+        if int(msg.body.get("round", 0)) != first:
+            log.info("rounds %d to %d were published while this worker was busy: skipping "
+                     "to round %d", first, int(msg.body["round"]) - 1, int(msg.body["round"]))
+        return msg
 
     def _train(self, msg: Message) -> None:
         body = msg.body
