@@ -43,7 +43,13 @@ import torch
 from torch import nn
 
 from common.aggregate import weighted_average
-from common.models.ntm_sync_bn import N_PHASES, SyncBNReducer, SyncBNStep
+from common.models.ntm_sync_bn import (
+    N_PHASES,
+    SyncBNReducer,
+    SyncBNStep,
+    merge_moments,
+    moved_running_stats,
+)
 from common.topic_metrics import top_words
 
 __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
@@ -488,18 +494,17 @@ class NeuralTopicModel:
         for prefix, bn in self.net_.named_modules():
             if not isinstance(bn, nn.BatchNorm1d) or bn.running_mean is None:
                 continue
-            mu = bn.momentum  # None (cumulative average) is not used by NTMNet
+            mu = bn.momentum
             rm0 = bn.running_mean.detach().cpu().numpy().astype(np.float64)
             rv0 = bn.running_var.detach().cpu().numpy().astype(np.float64)
             rm = np.stack([np.asarray(u[f"{prefix}.running_mean"], np.float64) for u in uploads])
             rv = np.stack([np.asarray(u[f"{prefix}.running_var"], np.float64) for u in uploads])
             mean = (rm - (1 - mu) * rm0) / mu  # each batch's mean ...
             var = (rv - (1 - mu) * rv0) / mu * ((n - 1) / n)[:, None]  # ... and biased variance
-            pooled = n @ mean / n.sum()
-            union_var = (n @ (var + (mean - pooled) ** 2)) / (n.sum() - 1)
-            dtype = bn.running_var.detach().cpu().numpy().dtype
-            out[f"{prefix}.running_mean"] = ((1 - mu) * rm0 + mu * pooled).astype(dtype)
-            out[f"{prefix}.running_var"] = ((1 - mu) * rv0 + mu * union_var).astype(dtype)
+            union = merge_moments([{"mean": m, "m2": v * k} for m, v, k in zip(mean, var, n,
+                                                                               strict=True)], n)
+            out[f"{prefix}.running_mean"], out[f"{prefix}.running_var"] = moved_running_stats(
+                bn, union["mean"], union["var"], float(n.sum()))
         return out
 
     def sync_step(self, uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int],

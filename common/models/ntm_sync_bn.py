@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from common.models.ntm import NeuralTopicModel
 
 __all__ = ["PHASES", "N_PHASES", "SyncBNStep", "SyncBNReducer", "merge_moments",
-           "sum_uploads", "ABSTAIN"]
+           "moved_running_stats", "sum_uploads", "ABSTAIN"]
 
 PHASES = ("encoder_stats", "decoder_stats", "decoder_grad", "encoder_grad", "gradients")
 N_PHASES = len(PHASES)
@@ -95,6 +95,19 @@ def merge_moments(uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[i
     return {"mean": mean, "var": m2 / total, "n": np.asarray(total)}
 
 
+def moved_running_stats(bn: torch.nn.BatchNorm1d, mean: np.ndarray, var: np.ndarray,
+                        n: float) -> tuple[np.ndarray, np.ndarray]:
+    """``bn``'s running mean and variance after one training batch of ``n`` rows with these
+    per-feature ``mean`` and biased ``var``, moved as the layer itself moves them (by its
+    momentum, towards the unbiased variance), in the buffers' dtype."""
+    m = bn.momentum  # None (a cumulative average) is not used by NTMNet
+    rm = bn.running_mean.detach().cpu().numpy()
+    rv = bn.running_var.detach().cpu().numpy()
+    new_mean = (1 - m) * rm.astype(np.float64) + m * np.asarray(mean, np.float64)
+    new_var = (1 - m) * rv.astype(np.float64) + m * np.asarray(var, np.float64) * n / max(n - 1, 1)
+    return new_mean.astype(rm.dtype), new_var.astype(rv.dtype)
+
+
 def sum_uploads(uploads: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Element-wise sums over the uploads, in float64, in the given order."""
     return {k: np.sum([np.asarray(u[k], np.float64) for u in uploads], axis=0)
@@ -119,6 +132,7 @@ class SyncBNStep:
     def __init__(self, model: NeuralTopicModel, X: Any, ctx: np.ndarray | None,
                  rows: np.ndarray, doc_ids: np.ndarray | None, step: int) -> None:
         self.model = model
+        self.step = step
         self.phase = 0
         self.n_local = len(rows)
         net = model.net_
@@ -252,10 +266,6 @@ class SyncBNReducer:
         for name, bn, st, cols in (("bn_mu", net.bn_mu, self.enc_, slice(0, k)),
                                    ("bn_sigma", net.bn_sigma, self.enc_, slice(k, 2 * k)),
                                    ("bn_beta", net.bn_beta, self.dec_, slice(None))):
-            m = bn.momentum
-            rm = bn.running_mean.detach().cpu().numpy()
-            rv = bn.running_var.detach().cpu().numpy()
-            unbiased = st["var"][cols] * n / max(n - 1, 1)
-            out[f"{name}.running_mean"] = ((1 - m) * rm + m * st["mean"][cols]).astype(rm.dtype)
-            out[f"{name}.running_var"] = ((1 - m) * rv + m * unbiased).astype(rv.dtype)
+            out[f"{name}.running_mean"], out[f"{name}.running_var"] = moved_running_stats(
+                bn, st["mean"][cols], st["var"][cols], n)
         return out

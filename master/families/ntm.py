@@ -99,7 +99,8 @@ class ProdLDAServer(ServerFamily):
         """Publish the weights: the first phase of a step (or the whole of it)."""
         assert self.model_ is not None
         self.phase_, self.step_workers_, self.step_sizes_ = 0, [], []
-        if self.params.synced_batch_norm:
+        if self.params.synced_batch_norm and self.reducer_ is None:
+            # One for the run: phases 0 and 1 of every step rewrite what its phase 4 reads.
             self.reducer_ = SyncBNReducer(self.model_)
         self.global_ = Payload(self._meta(), self.model_.get_arrays())
         self.step_start_ = self.global_.arrays
@@ -205,6 +206,7 @@ class ProdLDAServer(ServerFamily):
         self.steps_ = int(meta.get("steps", 0))
         vocab = self.setup_info_["vocabulary"]
         self.model_ = self.params.model(self.contextual_size, self.cfg.seed)
+        self.reducer_ = None  # rebuilt on the restored model
         weights = {n[len("weights."):]: a for n, a in arrays.items() if n.startswith("weights.")}
         self.model_.initialize(len(vocab)).set_arrays(weights or self.global_.arrays)
         sd = self.model_.optimizer_.state_dict()

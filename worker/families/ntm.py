@@ -73,7 +73,6 @@ class ProdLDAClient(ClientFamily):
         self.c_train: np.ndarray | None = None
         self.c_test: np.ndarray | None = None
         self.step_: SyncBNStep | None = None  # the synchronized step under way
-        self.step_number_ = -1
 
     def registration_info(self) -> dict[str, Any]:
         return vocabulary_info(self.train_texts)
@@ -131,8 +130,7 @@ class ProdLDAClient(ClientFamily):
             rows = next(self.batches)
             self.step_ = SyncBNStep(self.model, self.x_train, self.c_train, rows,
                                     self.doc_ids[rows], step)
-            self.step_number_ = step
-        elif self.step_ is None or self.step_number_ != step or self.step_.phase != phase:
+        elif self.step_ is None or self.step_.step != step or self.step_.phase != phase:
             # Nothing of this step here (a restart, or a phase missed): the master redoes it.
             return FitResult({ABSTAIN: np.zeros(0)}, 1, {"abstain": 1.0})
         out = self.step_.upload(phase, arrays)
