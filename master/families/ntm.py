@@ -95,14 +95,16 @@ class ProdLDAServer(ServerFamily):
             meta["phase"] = 0
         return meta
 
-    def _start_step(self) -> Payload:
-        """Publish the weights: the first phase of a step (or the whole of it)."""
+    def _start_step(self, weights: dict[str, np.ndarray] | None = None) -> Payload:
+        """Publish the weights (``model_``'s, unless already read out as ``weights``): the
+        first phase of a step (or the whole of it)."""
         assert self.model_ is not None
         self.phase_, self.step_workers_, self.step_sizes_ = 0, [], []
         if self.params.synced_batch_norm and self.reducer_ is None:
             # One for the run: phases 0 and 1 of every step rewrite what its phase 4 reads.
             self.reducer_ = SyncBNReducer(self.model_)
-        self.global_ = Payload(self._meta(), self.model_.get_arrays())
+        self.global_ = Payload(self._meta(),
+                               self.model_.get_arrays() if weights is None else weights)
         self.step_start_ = self.global_.arrays
         return self.global_
 
@@ -172,7 +174,7 @@ class ProdLDAServer(ServerFamily):
             self.changes_.append(relative_change({n: start[n] for n in names},
                                                  {n: out[n] for n in names}))
         self.steps_ += 1
-        return self._start_step()
+        return self._start_step(out)  # the reducer's last phase returned the new weights
 
     def finished(self) -> bool:
         p = self.params
