@@ -26,6 +26,7 @@ from common.models.fstc import (
     GaussianUniformMixture,
     aggregate_centers,
     hard_centers,
+    nearest_neighbors,
     pseudo_labels,
     refresh_schedule,
     robust_weights,
@@ -145,6 +146,10 @@ def test_params_refuse_bad_settings() -> None:
         FSTCParams(encoder="gpu")
     with pytest.raises(ValueError, match="n_clusters"):
         FSTCParams(n_clusters=1)
+    with pytest.raises(ValueError, match="neighbors"):
+        FSTCParams(neighbors=-1)
+    with pytest.raises(ValueError, match="neighbor_weight"):
+        FSTCParams(neighbor_weight=-0.5)
     assert FSTCParams().clusterer(5).n_clusters == 5
 
 
@@ -174,20 +179,57 @@ def subset(subset_cache: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return X, y, ds.texts
 
 
-def test_fstc_trains_above_its_kmeans_start(subset: tuple) -> None:
+@pytest.mark.parametrize("neighbors", [0, 10])
+def test_fstc_trains_above_its_kmeans_start(subset: tuple, neighbors: int) -> None:
     X, y, _ = subset
-    model = FSTCClusterer(K, variant="stc", iterations=600, random_state=0)
+    model = FSTCClusterer(K, variant="stc", iterations=600, neighbors=neighbors,
+                          random_state=0)
     model._init_kmeans(X)
     start = clustering_accuracy(y, model.predict(X))
     model.fit(X)
     assert model.n_iter_ == 600 and len(model.history_) == 1
     assert clustering_accuracy(y, model.predict(X)) > start + 0.005
     assert model.cluster_centers_.shape == (K, 384) and model.counts_.sum() == len(X)
-    # The equal-partition prior: no cluster ends up more than twice its share.
-    assert np.bincount(model.predict(X), minlength=K).max() < 2 * len(X) / K
+    if neighbors == 0:
+        # The equal-partition prior alone: no cluster ends up more than twice its share. (The
+        # neighbour term may grow a cluster whose members' neighbours agree: 146 of 1,200 here.)
+        assert np.bincount(model.predict(X), minlength=K).max() < 2 * len(X) / K
     # Its arrays round-trip into a fresh model with the same clustering.
     again = FSTCClusterer(K).set_arrays(model.get_arrays())
     assert (again.predict(X) == model.predict(X)).all()
+
+
+def test_nearest_neighbors_are_the_closest_other_rows_by_cosine(subset: tuple) -> None:
+    X = subset[0][:300]
+    nb = nearest_neighbors(X, 5)
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    sim = U @ U.T
+    np.fill_diagonal(sim, -np.inf)
+    expected = np.argsort(-sim, axis=1)[:, :5]
+    assert nb.shape == (300, 5) and not (nb == np.arange(300)[:, None]).any()
+    np.testing.assert_allclose(np.take_along_axis(sim, nb, axis=1),
+                               np.take_along_axis(sim, expected, axis=1), atol=1e-6)
+    assert nearest_neighbors(X[:3], 10).shape == (3, 2)  # fewer rows than neighbours asked
+
+
+def test_neighbour_term_makes_neighbours_agree(subset: tuple) -> None:
+    """The neighbour-consistency term raises what it optimizes, the mean ⟨P_i, P_j⟩ over each
+    row's nearest neighbours, against the same run without it; off, it costs nothing."""
+    X = subset[0]
+    nb = nearest_neighbors(X, 10)
+
+    def run(neighbors: int) -> tuple[float, FSTCClusterer]:
+        model = FSTCClusterer(K, variant="stc", iterations=300, neighbors=neighbors,
+                              random_state=0)
+        model._init_kmeans(X)
+        P = model.fit(X).predict_proba(X)
+        return float((P[:, None, :] * P[nb]).sum(axis=2).mean()), model
+
+    plain, off = run(0)
+    with_term, on = run(10)
+    assert with_term > plain + 0.005
+    assert off.history_[-1]["loss_neighbor"] == 0 and on.history_[-1]["loss_neighbor"] > 0
+    assert on.neighbors_.shape == (len(X), 10) and not hasattr(off, "neighbors_")
 
 
 def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:

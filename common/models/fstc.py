@@ -23,6 +23,12 @@ give the assignment scores of a batch; P = softmax(F(Φ(x))). Training is unsupe
 
 Where this code departs from the paper, and why:
 
+* A **neighbour-consistency term** (on by default, ``neighbors=0`` is the paper's FSTC): each
+  client mines the nearest neighbours of its own rows once (:func:`nearest_neighbors`) and adds
+  −log ⟨P_i, P_j⟩ for one neighbour j of each batch row (SCAN, Van Gansbeke et al. 2020). The
+  paper moves the representation (a fine-tuned Φ); with a frozen one, only the head moves, and
+  neighbours are the one signal it has besides the transport. Nothing more travels.
+
 * P (the softmax) stands for the paper's O in the loss and in the mixture: Q and P both live on
   the probability simplex, which is what gives the uniform outlier density a bounded support.
 * The mixture's Gaussian has a mean, and one mixture is fit per pseudo-label; the reasons,
@@ -264,6 +270,15 @@ def robust_weights(Q: np.ndarray, P: np.ndarray, min_rows: int = 10) -> tuple[np
 # --------------------------------------------------------------------------------------------
 
 
+def nearest_neighbors(H: np.ndarray, n_neighbors: int) -> np.ndarray:
+    """The ``n_neighbors`` nearest rows of every row of ``H`` (itself excluded), by cosine."""
+    from sklearn.neighbors import NearestNeighbors
+
+    k = min(n_neighbors, H.shape[0] - 1)
+    nn_ = NearestNeighbors(n_neighbors=k + 1, metric="cosine").fit(H)
+    return nn_.kneighbors(H, return_distance=False)[:, 1:]
+
+
 def hard_centers(H: np.ndarray, labels: np.ndarray, n_clusters: int
                  ) -> tuple[np.ndarray, np.ndarray]:
     """C_k = mean of the rows of ``H`` labelled k, and the counts n_k (zeros for empty k).
@@ -351,6 +366,11 @@ class FSTCParams:
         ``kfed``: k-means on each client, the server clusters the local centres (nothing else
         shared); ``pooled``: k-means on all clients' representations (the paper's; only where
         the master can see all the data, a simulated cluster).
+    neighbors : int, default 10
+        Nearest neighbours per row (among the client's own rows, cosine on Φ at the start) for
+        the neighbour-consistency term −log ⟨P_i, P_j⟩; 0 turns it off (the paper's FSTC).
+    neighbor_weight : float, default 1.0
+        Weight of that term.
     """
 
     n_clusters: int = 0
@@ -366,6 +386,8 @@ class FSTCParams:
     encoder: str = "frozen"
     max_length: int = 32
     init: str = "kfed"
+    neighbors: int = 10
+    neighbor_weight: float = 1.0
 
     def __post_init__(self) -> None:
         for name, allowed in (("variant", VARIANTS), ("encoder", ENCODERS), ("init", INITS)):
@@ -377,6 +399,10 @@ class FSTCParams:
         for name in ("iterations", "batch_size", "n_refresh", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an integer >= 1")
+        if self.neighbors < 0:
+            raise ValueError("neighbors: expected an integer >= 0 (0: no neighbour term)")
+        if self.neighbor_weight < 0:
+            raise ValueError("neighbor_weight: expected a number >= 0")
         for name in ("lr_head", "lr_encoder", "epsilon", "temperature"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a number > 0")
@@ -395,6 +421,7 @@ class FSTCParams:
                              epsilon=self.epsilon, n_refresh=self.n_refresh,
                              total_iterations=total_iterations, temperature=self.temperature,
                              encoder=self.encoder, max_length=self.max_length,
+                             neighbors=self.neighbors, neighbor_weight=self.neighbor_weight,
                              random_state=random_state, device=device)
 
 
@@ -424,6 +451,9 @@ class FSTCClusterer:
         ``frozen``: :meth:`fit` and :meth:`predict` take sentence embeddings (n, d);
         ``finetune``: they take the texts (list of str) and Φ trains.
     max_length : int, default 32
+    neighbors : int, default 10
+    neighbor_weight : float, default 1.0
+        See :class:`FSTCParams`.
     model_path : str or None, default None
         The sentence-transformers folder for ``finetune`` (None: the bundled all-MiniLM-L6-v2).
     random_state : int, default 0
@@ -444,6 +474,8 @@ class FSTCClusterer:
         The current Q.
     weights_ : numpy.ndarray of shape (n,)
         The current w (ones for ``stc``).
+    neighbors_ : numpy.ndarray of shape (n, neighbors)
+        Each row's nearest neighbours (row indices), when the neighbour term is on.
     n_iter_ : int
         Iterations run so far, over all calls to :meth:`fit`.
     last_loss_ : float
@@ -457,6 +489,7 @@ class FSTCClusterer:
                  batch_size: int = 200, epsilon: float = 0.1, n_refresh: int = 40,
                  total_iterations: int | None = None, temperature: float = 0.1,
                  encoder: str = "frozen", max_length: int = 32, model_path: str | None = None,
+                 neighbors: int = 10, neighbor_weight: float = 1.0,
                  random_state: int = 0, device: str = "cpu") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -476,6 +509,8 @@ class FSTCClusterer:
         self.encoder = encoder
         self.max_length = max_length
         self.model_path = model_path
+        self.neighbors = neighbors
+        self.neighbor_weight = neighbor_weight
         self.random_state = random_state
         self.device = device
         self.head_: nn.Linear | None = None
@@ -595,9 +630,14 @@ class FSTCClusterer:
         align = self.variant == "fstc" and global_centers is not None and self.align_weight > 0
         target = (torch.as_tensor(np.asarray(global_centers, dtype=np.float32),
                                   device=self.device) if align else None)
+        use_neighbors = self.neighbors > 0 and self.neighbor_weight > 0 and n > 1
+        if use_neighbors and getattr(self, "neighbors_", np.empty((0, 0))).shape[0] != n:
+            # Mined once, on the representations as they start (SCAN's choice): with a frozen
+            # encoder they never change, and a fine-tuned one should not chase its own drift.
+            self.neighbors_ = nearest_neighbors(self.transform(X), self.neighbors)
         if getattr(self, "pseudo_labels_", None) is None or len(self.pseudo_labels_) != n:
             self._refresh(X)
-        sums = np.zeros(3)
+        sums = np.zeros(4)
         for _ in range(self.iterations):
             if self.n_iter_ in self._schedule and self.n_iter_ > 0:
                 self._refresh(X)
@@ -612,17 +652,24 @@ class FSTCClusterer:
             if align:
                 soft = P / P.sum(dim=0, keepdim=True).clamp_min(1e-8)
                 loss_a = ((soft.T @ h - target) ** 2).sum()
-            loss = loss_c + self.align_weight * loss_a
+            loss_n = torch.zeros((), device=self.device)
+            if use_neighbors:
+                pick = self.neighbors_[rows, self._rng.integers(self.neighbors_.shape[1],
+                                                                size=len(rows))]
+                P_n = torch.softmax(self.head_(self._embed(X, pick, grad=True)), dim=1)
+                loss_n = -torch.log((P * P_n).sum(dim=1).clamp_min(1e-8)).mean()
+            loss = loss_c + self.align_weight * loss_a + self.neighbor_weight * loss_n
             self._optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self._optimizer.step()
-            sums += [loss.item(), loss_c.item(), loss_a.item()]
+            sums += [loss.item(), loss_c.item(), loss_a.item(), loss_n.item()]
             self.n_iter_ += 1
         sums /= max(self.iterations, 1)
         self.last_loss_ = float(sums[0])
         self.cluster_centers_, self.counts_ = self.local_centers(X)
         self.history_.append({"loss": float(sums[0]), "loss_c": float(sums[1]),
                               "loss_align": float(sums[2]),
+                              "loss_neighbor": float(sums[3]),
                               "kept": float(np.mean(self.weights_ > 0)),
                               "pi": float(self._pi)})
         return self

@@ -91,7 +91,8 @@ class FSTCClient(ClientFamily):
         h = self.model.history_[-1]
         return FitResult(out, self.n_samples,
                          {"train_loss": h["loss"], "loss_c": h["loss_c"],
-                          "loss_align": h["loss_align"], "kept": h["kept"], "pi": h["pi"],
+                          "loss_align": h["loss_align"], "loss_neighbor": h["loss_neighbor"],
+                          "kept": h["kept"], "pi": h["pi"],
                           "train_time": train_time})
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
