@@ -181,21 +181,24 @@ def plot_sweep(cells: list[dict[str, Any]], key: str, labels: list[Any], xlabel:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.2))
     for ax, d in zip(np.atleast_1d(axes), datasets, strict=True):
-        for method, style in zip(SWEEP_METHODS, ("o--", "s-", "^-"), strict=True):
+        for method, style, color in zip(SWEEP_METHODS, ("o--", "s-", "^-"),
+                                        ("tab:blue", "tab:green", "tab:purple"), strict=True):
             cellmap = {c[key]: c["scores"][method] for c in cells if c["dataset"] == d}
             xs = [i for i, x in enumerate(labels) if x in cellmap]
-            ax.plot(xs, [cellmap[labels[i]]["acc"] for i in xs], style, label=f"{method} ACC")
-            ax.plot(xs, [cellmap[labels[i]]["nmi"] for i in xs], style, alpha=0.45,
-                    label=f"{method} NMI")
+            ax.plot(xs, [cellmap[labels[i]]["acc"] for i in xs], style, color=color,
+                    label=f"{method} ACC")
+            ax.plot(xs, [cellmap[labels[i]]["nmi"] for i in xs], style, color=color,
+                    alpha=0.4, label=f"{method} NMI")
         ax.set_xticks(range(len(labels)), [str(x) for x in labels])
         ax.set_xlabel(xlabel)
         ax.set_ylabel("score (%)")
         ax.set_title(TITLES[d])
         ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, names = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.legend(handles, names, loc="lower center", ncol=len(SWEEP_METHODS), fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
