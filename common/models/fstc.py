@@ -344,8 +344,9 @@ class FSTCParams:
         ``fstc``: plus the cluster-centre alignment.
     align_weight : float, default 1.0
         λ of the alignment loss (the paper: 0.01 on StackOverflow, 1 elsewhere).
-    lr_head : float, default 5e-4
-        Adam learning rate of the head F.
+    lr_head : float, default 2e-3
+        Adam learning rate of the head F (the paper: 5e-4, beside a fine-tuned encoder; with a
+        frozen one and the neighbour term, 2e-3 scores higher on both benchmark datasets).
     lr_encoder : float, default 5e-6
         Adam learning rate of the encoder Φ (``encoder: finetune`` only).
     iterations : int, default 100
@@ -376,7 +377,7 @@ class FSTCParams:
     n_clusters: int = 0
     variant: str = "fstc"
     align_weight: float = 1.0
-    lr_head: float = 5e-4
+    lr_head: float = 2e-3
     lr_encoder: float = 5e-6
     iterations: int = 100
     batch_size: int = 200
@@ -436,7 +437,7 @@ class FSTCClusterer:
         See :class:`FSTCParams`.
     align_weight : float, default 1.0
         λ; used by ``fstc`` when :meth:`fit` is given global centres.
-    lr_head : float, default 5e-4
+    lr_head : float, default 2e-3
     lr_encoder : float, default 5e-6
     iterations : int, default 100
         Mini-batch iterations per call to :meth:`fit` (one round).
@@ -485,7 +486,7 @@ class FSTCClusterer:
     """
 
     def __init__(self, n_clusters: int = 8, variant: str = "fstc", align_weight: float = 1.0,
-                 lr_head: float = 5e-4, lr_encoder: float = 5e-6, iterations: int = 100,
+                 lr_head: float = 2e-3, lr_encoder: float = 5e-6, iterations: int = 100,
                  batch_size: int = 200, epsilon: float = 0.1, n_refresh: int = 40,
                  total_iterations: int | None = None, temperature: float = 0.1,
                  encoder: str = "frozen", max_length: int = 32, model_path: str | None = None,
