@@ -146,8 +146,9 @@ def test_params_refuse_bad_settings() -> None:
         FSTCParams(encoder="gpu")
     with pytest.raises(ValueError, match="n_clusters"):
         FSTCParams(n_clusters=1)
-    with pytest.raises(ValueError, match="neighbors"):
-        FSTCParams(neighbors=-1)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="neighbors"):
+            FSTCParams(neighbors=bad)
     with pytest.raises(ValueError, match="neighbor_weight"):
         FSTCParams(neighbor_weight=-0.5)
     assert FSTCParams().clusterer(5).n_clusters == 5

@@ -400,7 +400,8 @@ class FSTCParams:
         for name in ("iterations", "batch_size", "n_refresh", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an integer >= 1")
-        if self.neighbors < 0:
+        if (isinstance(self.neighbors, bool) or not isinstance(self.neighbors, int)
+                or self.neighbors < 0):
             raise ValueError("neighbors: expected an integer >= 0 (0: no neighbour term)")
         if self.neighbor_weight < 0:
             raise ValueError("neighbor_weight: expected a number >= 0")
