@@ -27,6 +27,7 @@ from common.models.fstc import (
     aggregate_centers,
     hard_centers,
     nearest_neighbors,
+    neighbor_view,
     pseudo_labels,
     refresh_schedule,
     robust_weights,
@@ -151,7 +152,30 @@ def test_params_refuse_bad_settings() -> None:
             FSTCParams(neighbors=bad)
     with pytest.raises(ValueError, match="neighbor_weight"):
         FSTCParams(neighbor_weight=-0.5)
-    assert FSTCParams().clusterer(5).n_clusters == 5
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="neighbor_lsa_dims"):
+            FSTCParams(neighbor_lsa_dims=bad)
+    with pytest.raises(ValueError, match="neighbor_lsa_weight"):
+        FSTCParams(neighbor_lsa_weight=-1)
+    model = FSTCParams(neighbor_lsa_dims=16, neighbor_lsa_weight=0.7).clusterer(5)
+    assert (model.n_clusters, model.neighbor_lsa_dims, model.neighbor_lsa_weight) == (5, 16, 0.7)
+
+
+def test_neighbor_view_without_texts_or_a_vocabulary_is_the_embedding() -> None:
+    H = np.random.default_rng(0).normal(size=(6, 4))
+    U = H / np.linalg.norm(H, axis=1, keepdims=True)
+    np.testing.assert_allclose(neighbor_view(H), U)
+    np.testing.assert_allclose(neighbor_view(H, ["a b"] * 6, lsa_dims=0), U)
+    # No word in two documents: nothing for LSA to add.
+    np.testing.assert_allclose(neighbor_view(H, ["alpha", "beta", "gamma", "delta", "eps",
+                                                 "zeta"]), U)
+    # Fewer words than components asked: as many as there are (one fewer than the words).
+    texts = ["apple pear", "apple plum", "pear plum", "apple pear", "plum fig", "fig apple"]
+    view = neighbor_view(H, texts, lsa_dims=32, lsa_weight=0.5)
+    assert view.shape == (6, 4 + 3)
+    np.testing.assert_allclose(np.linalg.norm(view[:, 4:], axis=1), 0.5, atol=1e-6)
+    with pytest.raises(ValueError, match="texts: expected 6"):
+        neighbor_view(H, texts[:5])
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,6 +237,28 @@ def test_nearest_neighbors_are_the_closest_other_rows_by_cosine(subset: tuple) -
     assert nearest_neighbors(X[:3], 10).shape == (3, 2)  # fewer rows than neighbours asked
 
 
+def test_lsa_view_finds_neighbours_that_share_the_tag(subset: tuple) -> None:
+    """Φ joined with the titles' own LSA picks neighbours of the same tag more often than Φ
+    alone (on these 1,200 titles: 78 % against 67 %), and the clusterer mines them on it when
+    it is given the texts."""
+    X, y, texts = subset
+
+    def agreement(nb: np.ndarray) -> float:
+        return float(np.mean(y[nb] == y[:, None]))
+
+    on_phi = agreement(nearest_neighbors(X, 10))
+    joined = agreement(nearest_neighbors(neighbor_view(X, texts), 10))
+    assert joined > on_phi + 0.05
+    model = FSTCClusterer(K, variant="stc", iterations=1, random_state=0)
+    model.fit(X, texts=texts)
+    assert model.neighbor_view_ == "embedding+lsa"
+    assert agreement(model.neighbors_) == pytest.approx(joined)
+    model = FSTCClusterer(K, variant="stc", iterations=1, random_state=0).fit(X)
+    assert model.neighbor_view_ == "embedding"
+    with pytest.raises(ValueError, match="texts: expected 1200"):
+        FSTCClusterer(K, iterations=1).fit(X, texts=texts[:10])
+
+
 def test_neighbour_term_makes_neighbours_agree(subset: tuple) -> None:
     """The neighbour-consistency term raises what it optimizes, the mean ⟨P_i, P_j⟩ over each
     row's nearest neighbours, against the same run without it; off, it costs nothing."""
@@ -234,13 +280,17 @@ def test_neighbour_term_makes_neighbours_agree(subset: tuple) -> None:
 
 
 def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:
-    X, y, _ = subset
+    X, y, texts = subset
     parts = partition(y, 3, scheme="iid", seed=0)
+    client_texts = [[texts[i] for i in p] for p in parts]
     fed = FederatedFSTC(FSTCParams(iterations=100, align_weight=0.01), K, rounds=4,
-                        random_state=0).fit([X[p] for p in parts])
+                        random_state=0).fit([X[p] for p in parts], texts=client_texts)
     start = FSTCClusterer(K).init_from_centers(fed.init_centers_).predict(X)
     assert clustering_accuracy(y, fed.predict(X)) > clustering_accuracy(y, start)
     assert all(c.n_iter_ == 400 for c in fed.clients_)
+    assert all(c.neighbor_view_ == "embedding+lsa" for c in fed.clients_)
+    with pytest.raises(ValueError, match="one list per client"):
+        FederatedFSTC(FSTCParams(), K).fit([X[p] for p in parts], texts=client_texts[:2])
     assert [h["loss_align"] > 0 for h in fed.clients_[0].history_] == [True] * 4
 
 

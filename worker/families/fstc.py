@@ -37,8 +37,10 @@ class FSTCClient(ClientFamily):
         self.rows = np.sort(np.concatenate([data.train_index, data.test_index]))
         X = sentence_features(cfg, data.dataset, device=device, progress=True)
         self.features = np.ascontiguousarray(X[self.rows])
-        self.inputs: Any = (self.features if self.params.encoder == "frozen"
-                            else [data.dataset.texts[i] for i in self.rows])
+        # The texts stay on the worker: the fine-tuned encoder reads them, and the neighbour
+        # term finds its pairs on Φ joined with their local LSA (neighbor_lsa_dims).
+        self.texts = [data.dataset.texts[i] for i in self.rows]
+        self.inputs: Any = self.features if self.params.encoder == "frozen" else self.texts
         self.y = data.y[self.rows]  # for scoring only
         self.n_clusters = self.params.n_clusters or len(data.classes)
         self.model: FSTCClusterer | None = None
@@ -83,7 +85,7 @@ class FSTCClient(ClientFamily):
             else:
                 self.model.init_from_centers(arrays[CENTERS])
         t0 = time.perf_counter()
-        self.model.fit(self.inputs, np.asarray(arrays[CENTERS]))
+        self.model.fit(self.inputs, np.asarray(arrays[CENTERS]), texts=self.texts)
         train_time = time.perf_counter() - t0
         out = {CENTERS: self.model.cluster_centers_, COUNTS: self.model.counts_}
         if meta.get("final"):
@@ -118,5 +120,5 @@ class FSTCClient(ClientFamily):
         model = self.params.clusterer(self.n_clusters, random_state=self.seed,
                                       device=self.device,
                                       iterations=self.cfg.rounds * self.params.iterations)
-        model.fit(self.inputs)
+        model.fit(self.inputs, texts=self.texts)
         return model.score(self.inputs, self.y)
