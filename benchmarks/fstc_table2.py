@@ -66,11 +66,13 @@ METHODS = ("FBOW", "FTF-IDF", "FSBERT", "FSTC-STC", "FSTC-RSTC", "FSTC",
 #: FSTC's rows: the paper's three (no neighbour term, the paper's head learning rate) and the
 #: family's defaults, which add the neighbour-consistency term and a larger head learning rate
 #: (``neighbors: 10``, ``lr_head: 2e-3``, neighbours found on Φ joined with a 32-component LSA
-#: of the client's TF-IDF; docs/FSTC.md), and the defaults with neighbours found on Φ alone.
+#: of the client's TF-IDF, the balance term ``balance_weight: 5``; docs/FSTC.md), and the
+#: defaults with neighbours found on Φ alone.
 PAPER_LR_HEAD = 5e-4
-FSTC_ROWS = {"FSTC-STC": {"variant": "stc", "neighbors": 0, "lr_head": PAPER_LR_HEAD},
-             "FSTC-RSTC": {"variant": "rstc", "neighbors": 0, "lr_head": PAPER_LR_HEAD},
-             "FSTC": {"variant": "fstc", "neighbors": 0, "lr_head": PAPER_LR_HEAD},
+PAPER_ROW = {"neighbors": 0, "balance_weight": 0.0, "lr_head": PAPER_LR_HEAD}
+FSTC_ROWS = {"FSTC-STC": {"variant": "stc", **PAPER_ROW},
+             "FSTC-RSTC": {"variant": "rstc", **PAPER_ROW},
+             "FSTC": {"variant": "fstc", **PAPER_ROW},
              "FSTC + neighbours on Φ": {"variant": "fstc", "neighbor_lsa_dims": 0},
              "FSTC + neighbours": {"variant": "fstc"}}
 SWEEP_METHODS = ("FSBERT", "FSTC", "FSTC + neighbours")
@@ -323,7 +325,8 @@ def main() -> None:
         f"{params[datasets[0]].neighbors} neighbours, weight "
         f"{params[datasets[0]].neighbor_weight:g}, found on the embedding joined with "
         f"{params[datasets[0]].neighbor_lsa_dims} LSA components of the client's own TF-IDF "
-        f"at weight {params[datasets[0]].neighbor_lsa_weight:g}; the row 'on Φ' finds them on "
+        f"at weight {params[datasets[0]].neighbor_lsa_weight:g}, balance term weight "
+        f"{params[datasets[0]].balance_weight:g}; the row 'on Φ' finds the neighbours on "
         f"the embedding alone), alignment weight lambda: {lambdas}; "
         f"k-FED start (= FSBERT; k-means with {N_INIT} "
         "restarts on each client and on the server). ACC (Hungarian) and NMI "

@@ -157,6 +157,8 @@ def test_params_refuse_bad_settings() -> None:
             FSTCParams(neighbor_lsa_dims=bad)
     with pytest.raises(ValueError, match="neighbor_lsa_weight"):
         FSTCParams(neighbor_lsa_weight=-1)
+    with pytest.raises(ValueError, match="balance_weight"):
+        FSTCParams(balance_weight=-1)
     model = FSTCParams(neighbor_lsa_dims=16, neighbor_lsa_weight=0.7).clusterer(5)
     assert (model.n_clusters, model.neighbor_lsa_dims, model.neighbor_lsa_weight) == (5, 16, 0.7)
 
@@ -215,10 +217,9 @@ def test_fstc_trains_above_its_kmeans_start(subset: tuple, neighbors: int) -> No
     assert model.n_iter_ == 600 and len(model.history_) == 1
     assert clustering_accuracy(y, model.predict(X)) > start + 0.005
     assert model.cluster_centers_.shape == (K, 384) and model.counts_.sum() == len(X)
-    if neighbors == 0:
-        # The equal-partition prior alone: no cluster ends up more than twice its share. (The
-        # neighbour term may grow a cluster whose members' neighbours agree: 146 of 1,200 here.)
-        assert np.bincount(model.predict(X), minlength=K).max() < 2 * len(X) / K
+    # The equal-partition prior (and, beside the neighbour term, the balance term: without it
+    # one cluster grows to 146 of 1,200 here): no cluster ends up more than twice its share.
+    assert np.bincount(model.predict(X), minlength=K).max() < 2 * len(X) / K
     # Its arrays round-trip into a fresh model with the same clustering.
     again = FSTCClusterer(K).set_arrays(model.get_arrays())
     assert (again.predict(X) == model.predict(X)).all()
@@ -277,6 +278,25 @@ def test_neighbour_term_makes_neighbours_agree(subset: tuple) -> None:
     assert with_term > plain + 0.005
     assert off.history_[-1]["loss_neighbor"] == 0 and on.history_[-1]["loss_neighbor"] > 0
     assert on.neighbors_.shape == (len(X), 10) and not hasattr(off, "neighbors_")
+
+
+def test_balance_term_keeps_clusters_near_equal_size(subset: tuple) -> None:
+    """With the neighbour term, clusters whose members' neighbours agree grow; the balance term
+    (KL of the mean prediction to uniform) holds the largest one nearer its share, and logs
+    what it costs."""
+    X = subset[0]
+
+    def run(balance_weight: float) -> tuple[int, FSTCClusterer]:
+        model = FSTCClusterer(K, variant="stc", iterations=300, balance_weight=balance_weight,
+                              random_state=0)
+        model._init_kmeans(X)
+        model.fit(X)
+        return int(np.bincount(model.predict(X), minlength=K).max()), model
+
+    largest_off, off = run(0.0)
+    largest_on, on = run(5.0)
+    assert largest_on < largest_off
+    assert off.history_[-1]["loss_balance"] == 0 and on.history_[-1]["loss_balance"] > 0
 
 
 def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:

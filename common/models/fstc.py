@@ -32,6 +32,9 @@ Where this code departs from the paper, and why:
   beside a 32-dimensional LSA of the client's own TF-IDF (weight 0.5), so that titles naming the
   same rare keyword (a product, a library) are neighbours even where the sentence embedding
   places them by what they ask. The head still reads Φ alone; the view only picks the pairs.
+  With it comes SCAN's other half, a **balance term** (``balance_weight=5``, SCAN's weight):
+  KL(mean P of the batch ‖ uniform), the same equal-size prior the transport already imposes,
+  which the mixture weighting otherwise undoes by dropping the very rows the transport moves.
 
 * P (the softmax) stands for the paper's O in the loss and in the mixture: Q and P both live on
   the probability simplex, which is what gives the uniform outlier density a bounded support.
@@ -430,6 +433,10 @@ class FSTCParams:
         TF-IDF (:func:`neighbor_view`); 0 finds them on Φ alone.
     neighbor_lsa_weight : float, default 0.5
         Weight of the LSA part of that view (against Φ's, 1).
+    balance_weight : float, default 5.0
+        Weight of KL(mean P of the batch ‖ uniform), which keeps the clusters near equal size
+        (the transport's prior); 0 turns it off (the paper's FSTC). Lower it for data whose
+        classes differ much in size.
     """
 
     n_clusters: int = 0
@@ -449,6 +456,7 @@ class FSTCParams:
     neighbor_weight: float = 1.0
     neighbor_lsa_dims: int = 32
     neighbor_lsa_weight: float = 0.5
+    balance_weight: float = 5.0
 
     def __post_init__(self) -> None:
         for name, allowed in (("variant", VARIANTS), ("encoder", ENCODERS), ("init", INITS)):
@@ -470,6 +478,8 @@ class FSTCParams:
             raise ValueError("neighbor_lsa_dims: expected an integer >= 0 (0: Φ alone)")
         if self.neighbor_lsa_weight < 0:
             raise ValueError("neighbor_lsa_weight: expected a number >= 0")
+        if self.balance_weight < 0:
+            raise ValueError("balance_weight: expected a number >= 0")
         for name in ("lr_head", "lr_encoder", "epsilon", "temperature"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a number > 0")
@@ -491,6 +501,7 @@ class FSTCParams:
                              neighbors=self.neighbors, neighbor_weight=self.neighbor_weight,
                              neighbor_lsa_dims=self.neighbor_lsa_dims,
                              neighbor_lsa_weight=self.neighbor_lsa_weight,
+                             balance_weight=self.balance_weight,
                              random_state=random_state, device=device)
 
 
@@ -525,6 +536,8 @@ class FSTCClusterer:
     neighbor_lsa_dims : int, default 32
     neighbor_lsa_weight : float, default 0.5
         See :class:`FSTCParams`; the LSA part needs the texts (:meth:`fit`'s ``texts``).
+    balance_weight : float, default 5.0
+        See :class:`FSTCParams`.
     model_path : str or None, default None
         The sentence-transformers folder for ``finetune`` (None: the bundled all-MiniLM-L6-v2).
     random_state : int, default 0
@@ -555,7 +568,8 @@ class FSTCClusterer:
     last_loss_ : float
         Mean total loss of the last :meth:`fit`.
     history_ : list of dict
-        Per call to :meth:`fit`: loss, clustering loss, alignment loss, kept share, π.
+        Per call to :meth:`fit`: loss, clustering, alignment, neighbour and balance losses,
+        kept share, π.
     """
 
     def __init__(self, n_clusters: int = 8, variant: str = "fstc", align_weight: float = 1.0,
@@ -565,6 +579,7 @@ class FSTCClusterer:
                  encoder: str = "frozen", max_length: int = 32, model_path: str | None = None,
                  neighbors: int = 10, neighbor_weight: float = 1.0,
                  neighbor_lsa_dims: int = 32, neighbor_lsa_weight: float = 0.5,
+                 balance_weight: float = 5.0,
                  random_state: int = 0, device: str = "cpu") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -588,6 +603,7 @@ class FSTCClusterer:
         self.neighbor_weight = neighbor_weight
         self.neighbor_lsa_dims = neighbor_lsa_dims
         self.neighbor_lsa_weight = neighbor_lsa_weight
+        self.balance_weight = balance_weight
         self.random_state = random_state
         self.device = device
         self.head_: nn.Linear | None = None
@@ -732,7 +748,7 @@ class FSTCClusterer:
             self._mine_neighbors(X, texts)
         if getattr(self, "pseudo_labels_", None) is None or len(self.pseudo_labels_) != n:
             self._refresh(X)
-        sums = np.zeros(4)
+        sums = np.zeros(5)
         for _ in range(self.iterations):
             if self.n_iter_ in self._schedule and self.n_iter_ > 0:
                 self._refresh(X)
@@ -753,11 +769,17 @@ class FSTCClusterer:
                                                                 size=len(rows))]
                 P_n = torch.softmax(self.head_(self._embed(X, pick, grad=True)), dim=1)
                 loss_n = -torch.log((P * P_n).sum(dim=1).clamp_min(1e-8)).mean()
-            loss = loss_c + self.align_weight * loss_a + self.neighbor_weight * loss_n
+            loss_b = torch.zeros((), device=self.device)
+            if self.balance_weight > 0:
+                mean_p = P.mean(dim=0)  # KL(mean P ‖ uniform) = log K − H(mean P)
+                loss_b = ((mean_p * torch.log(mean_p.clamp_min(1e-8))).sum()
+                          + float(np.log(self.n_clusters)))
+            loss = (loss_c + self.align_weight * loss_a + self.neighbor_weight * loss_n
+                    + self.balance_weight * loss_b)
             self._optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self._optimizer.step()
-            sums += [loss.item(), loss_c.item(), loss_a.item(), loss_n.item()]
+            sums += [loss.item(), loss_c.item(), loss_a.item(), loss_n.item(), loss_b.item()]
             self.n_iter_ += 1
         sums /= max(self.iterations, 1)
         self.last_loss_ = float(sums[0])
@@ -765,6 +787,7 @@ class FSTCClusterer:
         self.history_.append({"loss": float(sums[0]), "loss_c": float(sums[1]),
                               "loss_align": float(sums[2]),
                               "loss_neighbor": float(sums[3]),
+                              "loss_balance": float(sums[4]),
                               "kept": float(np.mean(self.weights_ > 0)),
                               "pi": float(self._pi)})
         return self

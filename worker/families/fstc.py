@@ -94,6 +94,7 @@ class FSTCClient(ClientFamily):
         return FitResult(out, self.n_samples,
                          {"train_loss": h["loss"], "loss_c": h["loss_c"],
                           "loss_align": h["loss_align"], "loss_neighbor": h["loss_neighbor"],
+                          "loss_balance": h["loss_balance"],
                           "kept": h["kept"], "pi": h["pi"],
                           "train_time": train_time})
 
