@@ -5,8 +5,9 @@ FBOW, FTF-IDF, FSBERT (k-FED on bag-of-words, TF-IDF and sentence embeddings), F
 FSTC-RSTC and FSTC on StackOverflow and AG News (8,000) with m = 4 IID clients, five seeds, mean
 ± std, and the family's default, FSTC + neighbours (a neighbour-consistency term on each client's
 own nearest neighbours, found on Φ joined with a local LSA of the client's TF-IDF; the row "on Φ"
-finds them on Φ alone; docs/FSTC.md); then both against FSBERT for m ∈ {2, 4, 8, 10} IID
-clients and for two clients holding 6:4, 7:3, 8:2 and 9:1 of the data (seed 0).
+finds them on Φ alone; and a balance term; docs/FSTC.md); then both against FSBERT for
+m ∈ {2, 4, 8, 10} IID clients and for two clients holding 6:4, 7:3, 8:2 and 9:1 of the data
+(seed 0).
 
 Scale and setting (stated in the results too):
 
@@ -111,12 +112,12 @@ def run_cell(task: dict[str, Any]) -> dict[str, Any]:
     parts = partition(y, task["m"], scheme="proportions" if task["proportions"] else "iid",
                       proportions=task["proportions"], seed=task["seed"])
     order = np.concatenate(parts)  # every method's predictions are scored in this row order
+    client_texts = [[texts[i] for i in p] for p in parts]
     out: dict[str, Any] = {**task, "scores": {}, "seconds": {}}
 
     for method in task["methods"]:
         t = time.perf_counter()
         if method in ("FBOW", "FTF-IDF"):
-            client_texts = [[texts[i] for i in p] for p in parts]
             vocab = FederatedVocabulary("bow" if method == "FBOW" else "tfidf")
             vocab.fit(client_texts)
             feats = [vocab.transform(tx) for tx in client_texts]
@@ -132,7 +133,7 @@ def run_cell(task: dict[str, Any]) -> dict[str, Any]:
             params = replace(task["params"], **FSTC_ROWS[method])
             fed = FederatedFSTC(params, k, rounds=task["rounds"], random_state=task["seed"])
             fed.fit([X[p] for p in parts], init_centers=fsbert.cluster_centers_,
-                    texts=[[texts[i] for i in p] for p in parts])
+                    texts=client_texts)
             pred = fed.predict(X[order])
         out["scores"][method] = _scores(y[order], pred)
         out["seconds"][method] = time.perf_counter() - t

@@ -468,23 +468,16 @@ class FSTCParams:
         for name in ("iterations", "batch_size", "n_refresh", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an integer >= 1")
-        if (isinstance(self.neighbors, bool) or not isinstance(self.neighbors, int)
-                or self.neighbors < 0):
-            raise ValueError("neighbors: expected an integer >= 0 (0: no neighbour term)")
-        if self.neighbor_weight < 0:
-            raise ValueError("neighbor_weight: expected a number >= 0")
-        if (isinstance(self.neighbor_lsa_dims, bool) or not isinstance(self.neighbor_lsa_dims, int)
-                or self.neighbor_lsa_dims < 0):
-            raise ValueError("neighbor_lsa_dims: expected an integer >= 0 (0: Φ alone)")
-        if self.neighbor_lsa_weight < 0:
-            raise ValueError("neighbor_lsa_weight: expected a number >= 0")
-        if self.balance_weight < 0:
-            raise ValueError("balance_weight: expected a number >= 0")
+        for name, off in (("neighbors", "no neighbour term"), ("neighbor_lsa_dims", "Φ alone")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: expected an integer >= 0 (0: {off})")
+        for name in ("align_weight", "neighbor_weight", "neighbor_lsa_weight", "balance_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected a number >= 0")
         for name in ("lr_head", "lr_encoder", "epsilon", "temperature"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a number > 0")
-        if self.align_weight < 0:
-            raise ValueError("align_weight: expected a number >= 0")
 
     def clusterer(self, n_clusters: int, total_iterations: int | None = None,
                   random_state: int = 0, device: str = "cpu", iterations: int | None = None
@@ -722,10 +715,9 @@ class FSTCClusterer:
     def _mine_neighbors(self, X: Any, texts: Sequence[str] | None) -> None:
         if texts is None and self.encoder == "finetune":
             texts = X
-        lsa = texts is not None and self.neighbor_lsa_dims > 0 and self.neighbor_lsa_weight > 0
         H = self.transform(X)
-        view = neighbor_view(H, texts if lsa else None, self.neighbor_lsa_dims,
-                             self.neighbor_lsa_weight, self.random_state)
+        view = neighbor_view(H, texts, self.neighbor_lsa_dims, self.neighbor_lsa_weight,
+                             self.random_state)
         self.neighbors_ = nearest_neighbors(view, self.neighbors)
         self.neighbor_view_ = "embedding+lsa" if view.shape[1] > H.shape[1] else "embedding"
 
