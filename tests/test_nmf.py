@@ -314,6 +314,41 @@ def test_server_can_step_the_critic_with_the_strategy() -> None:
     np.testing.assert_allclose(new[key], start[key] + step, rtol=1e-4, atol=1e-6)
 
 
+def test_local_critic_never_leaves_its_worker(tmp_path: Path) -> None:
+    """``critic_aggregation: local``: C alone travels both ways, and each worker's critic
+    carries on from round to round instead of being replaced by the master's."""
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 2, "seed": 0,
+                        "data": {"path": str(STACKOVERFLOW), "task": "multiclass",
+                                 "partition": "iid"},
+                        "model": {"family": "nmf", "n_topics": 6, "vocab_size": 300,
+                                  "mi_weight": 0.5, "critic_aggregation": "local"}},
+                       source=str(tmp_path / "c.yaml"))
+    server = make_server_family(cfg)
+    clients = {w.name: make_client_family(cfg, local_data(cfg, w.name), "cpu",
+                                          worker_seed(cfg, w.name)) for w in cfg.workers}
+    server.setup({name: c.registration_info() for name, c in clients.items()})
+    assert set(server.global_.arrays) == {COMPONENTS}
+    for c in clients.values():
+        c.setup(server.setup_info_)
+    critics = []
+    for rnd in (1, 2):
+        results = []
+        for name, c in clients.items():
+            fit = c.fit(rnd, {}, server.global_.arrays)
+            assert set(fit.arrays) == {COMPONENTS} and math.isfinite(fit.metrics["train_mi"])
+            server.check_update(fit.arrays)
+            results.append(ClientResult(name, fit.arrays, fit.n_samples))
+        critics.append({name: c.model.get_arrays() for name, c in clients.items()})
+        assert set(server.aggregate(rnd, results).arrays) == {COMPONENTS}
+    w1, w2 = critics[1]["w1"], critics[1]["w2"]
+    key = next(k for k in w1 if k.startswith("critic."))
+    assert not np.allclose(w1[key], w2[key])  # each its own, never averaged
+    assert not np.allclose(critics[0]["w1"][key], w1[key])  # and it kept training
+    # Loading the next global C leaves the worker's critic as it was.
+    clients["w1"].model.set_arrays(server.global_.arrays)
+    np.testing.assert_array_equal(clients["w1"].model.get_arrays()[key], w1[key])
+
+
 def test_in_process_round_and_simulation_baselines(tmp_path: Path) -> None:
     """Both sides in one process, as the cluster runs them minus the sockets: the pre-training
     exchange, a round, and the master's pooled baselines (where it can see every share)."""

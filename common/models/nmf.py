@@ -36,7 +36,7 @@ __all__ = ["NMFParams", "SGDNMF", "init_scale", "reconstruction_loss", "heldout_
            "OPTIMIZERS"]
 
 OPTIMIZERS = ("sgd", "adam")
-CRITIC_AGGREGATIONS = ("fedavg", "strategy")
+CRITIC_AGGREGATIONS = ("fedavg", "strategy", "local")
 #: Smooths the critic's view of the topic proportions h / (sum(h) + eps) (see SGDNMF).
 PROPORTION_EPS = 0.05
 #: Name of the topic-word matrix among the arrays that travel; the critic's are "critic.*".
@@ -80,9 +80,11 @@ class NMFParams:
         Fewest documents (summed over workers) a word of the vocabulary must appear in.
     tau : float, default 5.0
         SMILE clip.
-    critic_aggregation : {"fedavg", "strategy"}, default "fedavg"
+    critic_aggregation : {"fedavg", "strategy", "local"}, default "fedavg"
         How the master combines the workers' critics: their sample-weighted mean whatever the
         strategy, or the strategy itself (as C). See :class:`master.families.nmf.NMFServer`.
+        ``"local"``: the critic never leaves its worker (like H); each worker estimates the
+        mutual information of its own documents with its own critic, and only C travels.
     transform_max_iter : int, default 200
         Coordinate-descent iterations when solving for H with C fixed.
     """
@@ -244,11 +246,12 @@ class SGDNMF:
         self._opt = None
         return self
 
-    def get_arrays(self) -> dict[str, np.ndarray]:
-        """C (``"components"``) and, with the MI term, the critic (``"critic.*"``) as named
-        float32 arrays (copies): what a worker sends. H is never among them."""
+    def get_arrays(self, critic: bool = True) -> dict[str, np.ndarray]:
+        """C (``"components"``) and, with the MI term and ``critic``, the critic
+        (``"critic.*"``) as named float32 arrays (copies): what a worker sends. H is never
+        among them."""
         out = {COMPONENTS: self.components_.astype(np.float32)}
-        if self.critic_ is not None:
+        if critic and self.critic_ is not None:
             out.update({CRITIC_PREFIX + k: v.detach().cpu().numpy().copy()
                         for k, v in self.critic_.state_dict().items()})
         return out
@@ -256,8 +259,10 @@ class SGDNMF:
     def set_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Load C (and the critic) from named arrays, e.g. the global model just received.
 
-        The optimizer state of C and the critic starts afresh (its moments described another
-        trajectory); H's, which only this model ever touches, is kept.
+        Without ``"critic.*"`` arrays the model keeps its own critic (a fresh one if it had
+        none): the ``critic_aggregation: local`` case. The optimizer state of C and the critic
+        starts afresh (its moments described another trajectory); H's, which only this model
+        ever touches, is kept.
         """
         comp = np.asarray(arrays[COMPONENTS], dtype=np.float32)
         if comp.ndim != 2 or comp.shape[0] != self.n_topics:
@@ -266,9 +271,9 @@ class SGDNMF:
             self.initialize(comp.shape[1])
         with torch.no_grad():
             self._C.copy_(torch.tensor(comp))  # a copy: arrays off the wire are read-only
-        if self.critic_ is not None:
-            state = {k[len(CRITIC_PREFIX):]: torch.as_tensor(np.array(v, copy=True))
-                     for k, v in arrays.items() if k.startswith(CRITIC_PREFIX)}
+        state = {k[len(CRITIC_PREFIX):]: torch.as_tensor(np.array(v, copy=True))
+                 for k, v in arrays.items() if k.startswith(CRITIC_PREFIX)}
+        if self.critic_ is not None and state:
             self.critic_.load_state_dict(state, strict=True)
         self._opt = None
 

@@ -25,7 +25,8 @@ class NMFClient(ClientFamily):
     (``setup["vocabulary"]``), over which the worker counts its documents. Each round it loads
     the topics C (and the MI critic) from the payload, runs the local epochs on its own
     documents with its own topic weights H, which persist across rounds and never leave the
-    worker, and returns C (and the critic).
+    worker, and returns C (and the critic, unless ``critic_aggregation: local`` keeps it here
+    with H).
     """
 
     name = "nmf"
@@ -66,7 +67,9 @@ class NMFClient(ClientFamily):
         metrics = {"train_loss": self.model.last_loss_, "train_time": train_time}
         if math.isfinite(self.model.last_mi_):
             metrics["train_mi"] = self.model.last_mi_
-        return FitResult(self.model.get_arrays(), self.x_train.shape[0], metrics)
+        share_critic = self.params.critic_aggregation != "local"
+        return FitResult(self.model.get_arrays(critic=share_critic), self.x_train.shape[0],
+                         metrics)
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
