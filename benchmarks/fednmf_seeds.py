@@ -7,19 +7,28 @@ initial weights and batch order, and the clients sampled each round all change. 
 differences (+MI minus no MI, same seed) tell which differences of the main table are larger
 than chance.
 
-    python benchmarks/fednmf_seeds.py [--datasets stackoverflow,sms_spam]
-        [--strategies fedavg,fedadagrad,fedyogi,fedadam] [--seeds 0,1,2] [--docs 3000]
-        [--rounds 50] [--epochs 2]
+``--alpha`` and ``--epochs`` move it to where Si et al. say the MI term matters, clients whose
+labels differ (small alpha) and which go further on their own between rounds (more local
+epochs). Each run also records the client drift, the median over the clients' updates of
+||C_local - C_global|| / ||C_global||: how far one local update moves the topics.
 
-Prints a table and writes benchmarks/results/fednmf_seeds.{json,md}.
+    python benchmarks/fednmf_seeds.py [--datasets stackoverflow,sms_spam,...]
+        [--strategies fedavg,fedadagrad,fedyogi,fedadam] [--seeds 0,1,2] [--docs 3000]
+        [--rounds 50] [--epochs 2] [--alpha 1] [--critic-aggregation fedavg] [--jobs 2]
+
+Prints a table and writes benchmarks/results/fednmf_seeds.{json,md} (alpha 1, 2 epochs) or
+benchmarks/results/fednmf_seeds_alpha<alpha>_e<epochs>.{json,md}, with ``_critic_local`` (or
+``_critic_strategy``) added for the other critic aggregations.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,60 +36,85 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fednmf_tables import LABELS, MI_WEIGHT, RESULTS, Corpus, scores, simulate  # noqa: E402
+from fednmf_tables import DATASETS, LABELS, MI_WEIGHT, RESULTS, Corpus, scores, simulate  # noqa: E402
 
 from common.atomic import atomic_write_bytes  # noqa: E402
+from common.models.nmf import CRITIC_AGGREGATIONS  # noqa: E402
 from common.text import bow_matrix  # noqa: E402
+
+_CORPORA: dict[tuple[str, int], Corpus] = {}
+
+
+def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: int,
+             epochs: int, alpha: float, critic: str) -> tuple[float, float]:
+    """macro-F1 and client drift of one federated run (in a pool process)."""
+    torch.set_num_threads(1)
+    corpus = _CORPORA.setdefault((name, docs), Corpus(name, docs))
+    server, timing = simulate(corpus, strategy, 50, MI_WEIGHT if mi else 0.0, rounds, epochs,
+                              alpha=alpha, seed=seed, critic_aggregation=critic)
+    vocab = server.setup_info_["vocabulary"]
+    model = server.params.model()
+    model.set_arrays(server.global_.arrays)
+    X = bow_matrix(corpus.dataset.texts, vocab)
+    f1 = scores(corpus, vocab, model.components_, model.transform, X)["macro_f1"]
+    return f1, timing["client_drift"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default="stackoverflow,sms_spam")
+    ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--strategies", default="fedavg,fedadagrad,fedyogi,fedadam")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--docs", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--critic-aggregation", default="fedavg", choices=CRITIC_AGGREGATIONS,
+                    help="how the +MI runs combine the critics (the family's option)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     datasets = args.datasets.split(",")
     strategies = args.strategies.split(",")
-    torch.set_num_threads(1)
     t0 = time.perf_counter()
+    cells = [(name, strategy, mi, seed) for name in datasets for strategy in strategies
+             for mi in (False, True) for seed in seeds]
+    print(f"{len(cells)} runs on {args.jobs} process(es)", flush=True)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run_cell, name, args.docs, strategy, mi, seed, args.rounds,
+                               args.epochs, args.alpha, args.critic_aggregation)
+                   for name, strategy, mi, seed in cells]
+        results = [f.result() for f in futures]
     f1: dict[str, dict[str, list[float]]] = {}
-    for name in datasets:
-        corpus = Corpus(name, args.docs)
-        f1[name] = {}
-        for strategy in strategies:
-            for mi in (False, True):
-                label = LABELS[strategy] + ("+MI" if mi else "")
-                for seed in seeds:
-                    server, _ = simulate(corpus, strategy, 50, MI_WEIGHT if mi else 0.0,
-                                         args.rounds, args.epochs, seed=seed)
-                    vocab = server.setup_info_["vocabulary"]
-                    model = server.params.model()
-                    model.set_arrays(server.global_.arrays)
-                    X = bow_matrix(corpus.dataset.texts, vocab)
-                    f1[name].setdefault(label, []).append(scores(
-                        corpus, vocab, model.components_, model.transform, X)["macro_f1"])
-                print(name, label, [round(v, 3) for v in f1[name][label]], flush=True)
-    lines = ["# FedNMF macro-F1 across seeds (k = 50)", "",
+    drift: dict[str, dict[str, list[float]]] = {}
+    for (name, strategy, mi, _), (value, d) in zip(cells, results, strict=True):
+        label = LABELS[strategy] + ("+MI" if mi else "")
+        f1.setdefault(name, {}).setdefault(label, []).append(value)
+        drift.setdefault(name, {}).setdefault(label, []).append(d)
+    lines = [f"# FedNMF macro-F1 across seeds (k = 50, alpha = {args.alpha:g}, "
+             f"{args.epochs} local epochs)", "",
              f"Same titles, split and scale as fednmf_tables.py ({args.docs} titles, K = 10, "
-             f"alpha = 1, C = 0.2, {args.rounds} rounds x {args.epochs} local epochs, "
-             f"lambda = {MI_WEIGHT} for +MI, critic averaged); seeds {seeds} change the "
+             f"alpha = {args.alpha:g}, C = 0.2, {args.rounds} rounds x {args.epochs} local "
+             f"epochs, lambda = {MI_WEIGHT} for +MI, critic_aggregation "
+             f"{args.critic_aggregation}); seeds {seeds} change the "
              f"partition, the initial topics, the clients' initialization and batch order and "
-             f"the sampled clients. {(time.perf_counter() - t0) / 60:.1f} min on one shared "
-             f"CPU core.", ""]
+             f"the sampled clients. Client drift: median over the clients' updates of "
+             f"||C_local - C_global|| / ||C_global||. "
+             f"{(time.perf_counter() - t0) / 60:.1f} min on {args.jobs} process(es) of a shared "
+             f"2-core CPU.", ""]
     summary = ["## +MI minus no MI (same seed)", "",
-               "| dataset | strategy | per seed | mean | std |", "|---|---|---|---:|---:|"]
+               "| dataset | strategy | per seed | mean | std | drift, no MI -> +MI |",
+               "|---|---|---|---:|---:|---|"]
     wins = total = 0
     for name in datasets:
         lines += [f"## {name}", "",
-                  "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | std |",
-                  "|---|" + "---:|" * (len(seeds) + 2)]
+                  "| method | " + " | ".join(f"seed {s}" for s in seeds)
+                  + " | mean | std | client drift |",
+                  "|---|" + "---:|" * (len(seeds) + 3)]
         for label, vals in f1[name].items():
             lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in vals)
-                         + f" | {np.mean(vals):.3f} | {np.std(vals, ddof=1):.3f} |")
+                         + f" | {np.mean(vals):.3f} | {np.std(vals, ddof=1):.3f} | "
+                         f"{np.mean(drift[name][label]):.3f} |")
         lines.append("")
         for strategy in strategies:
             base = LABELS[strategy]
@@ -88,16 +122,24 @@ def main() -> None:
             wins += int(d.mean() > 0)
             total += 1
             summary.append(f"| {name} | {base} | {', '.join(f'{v:+.3f}' for v in d)} | "
-                           f"{d.mean():+.3f} | {np.std(d, ddof=1):.3f} |")
+                           f"{d.mean():+.3f} | {np.std(d, ddof=1):.3f} | "
+                           f"{np.mean(drift[name][base]):.3f} -> "
+                           f"{np.mean(drift[name][base + '+MI']):.3f} |")
     summary += ["", f"+MI has the higher mean macro-F1 in {wins} of {total} "
                     f"dataset/strategy pairs.", ""]
     text = "\n".join(lines[:4] + summary + lines[4:]) + "\n"
     print(text)
+    stem = ("fednmf_seeds" if args.alpha == 1.0 and args.epochs == 2
+            else f"fednmf_seeds_alpha{args.alpha:g}_e{args.epochs}")
+    if args.critic_aggregation != "fedavg":
+        stem += f"_critic_{args.critic_aggregation}"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(RESULTS / "fednmf_seeds.md", text.encode())
-    atomic_write_bytes(RESULTS / "fednmf_seeds.json",
-                       json.dumps({"seeds": seeds, "macro_f1": f1, "docs": args.docs,
-                                   "rounds": args.rounds, "epochs": args.epochs,
+    atomic_write_bytes(RESULTS / f"{stem}.md", text.encode())
+    atomic_write_bytes(RESULTS / f"{stem}.json",
+                       json.dumps({"seeds": seeds, "macro_f1": f1, "client_drift": drift,
+                                   "docs": args.docs, "rounds": args.rounds,
+                                   "epochs": args.epochs, "alpha": args.alpha,
+                                   "critic_aggregation": args.critic_aggregation,
                                    "mi_weight": MI_WEIGHT}, indent=2).encode())
 
 

@@ -58,7 +58,7 @@ from common.atomic import atomic_write_bytes  # noqa: E402
 from common.config import parse_config  # noqa: E402
 from common.data import embed_texts, make_task, read_jsonl  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
-from common.models.nmf import SGDNMF  # noqa: E402
+from common.models.nmf import COMPONENTS, SGDNMF  # noqa: E402
 from common.partitions import dirichlet_equal  # noqa: E402
 from common.shards import LocalData  # noqa: E402
 from common.text import bow_matrix  # noqa: E402
@@ -163,17 +163,23 @@ def simulate(corpus: Corpus, strategy: str, n_topics: int, mi_weight: float, rou
     for c in clients.values():
         c.setup(server.setup_info_)
     rng = np.random.default_rng(cfg.seed)  # as the master samples (master.server.Master)
+    drift: list[float] = []
     t0 = time.perf_counter()
     for rnd in range(1, rounds + 1):
         k = max(1, round(fraction * len(names)))
         chosen = names if k >= len(names) else sorted(rng.choice(names, k, replace=False))
         results = []
+        start = server.global_.arrays[COMPONENTS]
         for name in chosen:
             fit = clients[name].fit(rnd, server.global_.meta, server.global_.arrays)
             results.append(ClientResult(name, fit.arrays, fit.n_samples))
+            drift.append(float(np.linalg.norm(fit.arrays[COMPONENTS] - start)
+                               / max(np.linalg.norm(start), 1e-12)))
         server.aggregate(rnd, results)
     elapsed = time.perf_counter() - t0
-    return server, {"seconds": elapsed, "seconds_per_round": elapsed / rounds}
+    # client drift: how far one local update moves the topics, relative to their size
+    return server, {"seconds": elapsed, "seconds_per_round": elapsed / rounds,
+                    "client_drift": float(np.median(drift))}
 
 
 def fed_row(corpus: Corpus, strategy: str, n_topics: int, mi: bool, args: argparse.Namespace,
@@ -299,9 +305,9 @@ def plot(sweep: dict[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-
-def cluster_run(mi: bool, args: argparse.Namespace) -> dict[str, Any]:
-    """``fedctl run`` with 10 workers on stackoverflow; figures from its metrics.jsonl."""
+def cluster_run(mi: bool, args: argparse.Namespace, critic: str = "fedavg") -> dict[str, Any]:
+    """``fedctl run`` with 10 workers on stackoverflow; figures from its metrics.jsonl.
+    ``critic``: the family's ``critic_aggregation`` for the +MI run."""
     with tempfile.TemporaryDirectory() as tmp:
         pub, rep = free_ports(2)
         out = Path(tmp) / "out"
@@ -309,7 +315,8 @@ def cluster_run(mi: bool, args: argparse.Namespace) -> dict[str, Any]:
                           "rep_port": rep},
                "workers": [f"w{i + 1}" for i in range(10)],
                "model": {"family": "nmf", "n_topics": 50, "mi_weight": MI_WEIGHT if mi else 0.0,
-                         "local_epochs": args.epochs, "vocab_size": VOCAB_SIZE},
+                         "local_epochs": args.epochs, "vocab_size": VOCAB_SIZE,
+                         "critic_aggregation": critic},
                "strategy": "fedadam", "rounds": args.cluster_rounds, "client_fraction": 0.2,
                "min_workers": 10, "round_deadline": 300, "join_timeout": 300,
                "data": {"path": str(SHARED / "stackoverflow" / "stackoverflow.jsonl"),
@@ -331,7 +338,8 @@ def cluster_run(mi: bool, args: argparse.Namespace) -> dict[str, Any]:
     workers = [e for e in evs if e["event"] == "worker_round"]
     later = rounds[1:] or rounds  # round 1 includes the setup's delivery
     return {
-        "mi_weight": MI_WEIGHT if mi else 0.0, "rounds": len(rounds), "wall_s": wall,
+        "mi_weight": MI_WEIGHT if mi else 0.0, "critic": critic if mi else "-",
+        "rounds": len(rounds), "wall_s": wall,
         "round_s_median": float(np.median([e["duration_s"] for e in later])),
         "train_s_median": float(np.median([e["slowest_train_s"] for e in later])),
         "overhead_ms_median": 1000 * float(np.median([e["overhead_s"] for e in later])),
@@ -439,13 +447,14 @@ def write_results(args: argparse.Namespace, main: dict[str, Any], sweep: dict[st
                f"{args.epochs} local epochs, stackoverflow ({args.docs} titles, the core's "
                "`dirichlet` partition, alpha = 1). Medians over rounds 2 onwards (round 1 also "
                "carries the vocabulary).", "",
-               "| MI weight | round (s) | slowest training (s) | overhead (ms) | "
+               "| MI weight | critic | round (s) | slowest training (s) | overhead (ms) | "
                "aggregation (ms) | broadcast / round (bytes) | update / worker (bytes) | "
                "uploads / round (bytes) | round-1 broadcast (bytes) | test loss round 1 -> "
                "last |",
-               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+               "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for c in cluster:
-            md.append(f"| {c['mi_weight']:g} | {c['round_s_median']:.3f} | "
+            md.append(f"| {c['mi_weight']:g} | {c.get('critic', '-')} | "
+                      f"{c['round_s_median']:.3f} | "
                       f"{c['train_s_median']:.3f} | {c['overhead_ms_median']:.1f} | "
                       f"{c['aggregate_ms_median']:.1f} | {c['broadcast_bytes']:,} | "
                       f"{c['update_bytes']:,} | {c['bytes_in_per_round']:,} | "
@@ -488,9 +497,11 @@ def main() -> None:
     sweep = None if args.no_sweeps else sweeps(args, main_tables)
     if sweep:
         plot(sweep, RESULTS / "fednmf_fig4.png")
-    cluster = [] if args.no_cluster else [cluster_run(mi, args) for mi in (False, True)]
+    cluster = [] if args.no_cluster else [cluster_run(mi, args, critic) for mi, critic in
+                                          ((False, "fedavg"), (True, "fedavg"), (True, "local"))]
     for c in cluster:
-        print(f"cluster, MI weight {c['mi_weight']:g}: round {c['round_s_median']:.3f}s "
+        print(f"cluster, MI weight {c['mi_weight']:g}, critic {c['critic']}: "
+              f"round {c['round_s_median']:.3f}s "
               f"(training {c['train_s_median']:.3f}s), broadcast {c['broadcast_bytes']:,} B, "
               f"update {c['update_bytes']:,} B per worker")
     elapsed = time.perf_counter() - t0

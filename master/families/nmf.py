@@ -44,8 +44,8 @@ class NMFServer(ServerFamily):
     1/sqrt(V) ~ 0.02: stepped like C, the critic is scrambled every round and its gradients
     then push H anywhere. On 3,000 stackoverflow titles (K = 10, alpha = 1, C = 0.2, 50
     rounds of 2 local epochs, k = 50; benchmarks/results/fednmf_tables.md) FedAdam+MI with the
-    critic stepped by FedAdam collapsed the topics (diversity 0.22, macro-F1 0.53) where the
-    averaged critic kept them (diversity 0.74, macro-F1 0.77; FedAdam without MI: 0.72,
+    critic stepped by FedAdam collapsed the topics (diversity 0.27, macro-F1 0.54) where the
+    averaged critic kept them (diversity 0.78, macro-F1 0.77; FedAdam without MI: 0.72,
     0.79). ``critic_aggregation: local`` sends no critic at all: the payload is C alone and
     each worker keeps the critic it trains, which nearly halves the bytes of a +MI round.
     """
