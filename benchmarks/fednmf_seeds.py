@@ -36,11 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fednmf_tables import DATASETS, LABELS, MI_WEIGHT, RESULTS, Corpus, scores, simulate  # noqa: E402
+from fednmf_tables import DATASETS, LABELS, MI_WEIGHT, RESULTS, Corpus, fed_row  # noqa: E402
 
 from common.atomic import atomic_write_bytes  # noqa: E402
 from common.models.nmf import CRITIC_AGGREGATIONS  # noqa: E402
-from common.text import bow_matrix  # noqa: E402
 
 _CORPORA: dict[tuple[str, int], Corpus] = {}
 
@@ -50,14 +49,9 @@ def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: i
     """macro-F1 and client drift of one federated run (in a pool process)."""
     torch.set_num_threads(1)
     corpus = _CORPORA.setdefault((name, docs), Corpus(name, docs))
-    server, timing = simulate(corpus, strategy, 50, MI_WEIGHT if mi else 0.0, rounds, epochs,
-                              alpha=alpha, seed=seed, critic_aggregation=critic)
-    vocab = server.setup_info_["vocabulary"]
-    model = server.params.model()
-    model.set_arrays(server.global_.arrays)
-    X = bow_matrix(corpus.dataset.texts, vocab)
-    f1 = scores(corpus, vocab, model.components_, model.transform, X)["macro_f1"]
-    return f1, timing["client_drift"]
+    row = fed_row(corpus, strategy, 50, mi, argparse.Namespace(rounds=rounds, epochs=epochs),
+                  alpha=alpha, seed=seed, critic_aggregation=critic)
+    return row["macro_f1"], row["client_drift"]
 
 
 def main() -> None:

@@ -121,6 +121,11 @@ class NMFParams:
         if not self.tau > 0:
             raise ValueError("tau: expected a number > 0")
 
+    @property
+    def critic_travels(self) -> bool:
+        """Whether the critic is in the payloads (every ``critic_aggregation`` but local)."""
+        return self.critic_aggregation != "local"
+
     def model(self, device: str = "cpu", random_state: int = 0) -> SGDNMF:
         """A fresh model with these hyperparameters."""
         return SGDNMF(n_topics=self.n_topics, mi_weight=self.mi_weight,

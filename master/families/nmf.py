@@ -70,7 +70,7 @@ class NMFServer(ServerFamily):
         mean = counts / max(n_docs * len(vocab), 1)
         model = p.model(random_state=self.cfg.seed).initialize(len(vocab), mean)
         self.setup_info_ = {"vocabulary": vocab}
-        self.global_ = Payload({}, model.get_arrays(critic=p.critic_aggregation != "local"))
+        self.global_ = Payload({}, model.get_arrays(critic=p.critic_travels))
         log.info("nmf: %d words agreed from %d vocabularies, %d topics, MI weight %g, "
                  "%d parameters", len(vocab), len(vocabs), p.n_topics, p.mi_weight,
                  sum(a.size for a in self.global_.arrays.values()))

@@ -67,9 +67,8 @@ class NMFClient(ClientFamily):
         metrics = {"train_loss": self.model.last_loss_, "train_time": train_time}
         if math.isfinite(self.model.last_mi_):
             metrics["train_mi"] = self.model.last_mi_
-        share_critic = self.params.critic_aggregation != "local"
-        return FitResult(self.model.get_arrays(critic=share_critic), self.x_train.shape[0],
-                         metrics)
+        return FitResult(self.model.get_arrays(critic=self.params.critic_travels),
+                         self.x_train.shape[0], metrics)
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
