@@ -3,6 +3,7 @@
     fedctl master --config cluster.yaml
     fedctl worker --config cluster.yaml --id w1 [--data PATH]
     fedctl run    [--config cluster.yaml] [--workers N]
+    fedctl check  [--config cluster.yaml]
     fedctl bench  [--quick] [--out benchmarks/results]
 """
 
@@ -175,6 +176,46 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
     written = write_keys(folder, names, overwrite=force)
     click.echo(f"{len(written)} key file(s) written to {folder} "
                f"(master + {len(names)} worker(s); existing keys kept unless --force)")
+
+
+@main.command()
+@_config
+@click.option("--family/--no-family", default=True, show_default=True,
+              help="Also build the model family and its strategy as the master does "
+                   "(imports torch, a few seconds).")
+@click.option("--as", "display_name", default=None, metavar="NAME",
+              help="Call the file NAME in messages (to check a new file before it replaces "
+                   "NAME).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def check(config: str, family: bool, display_name: str | None, as_json: bool) -> None:
+    """Check a cluster.yaml exactly as `fedctl master` and `fedctl worker` will load it.
+
+    A bad file exits with status 1 and one line naming the file, the field and what was
+    expected; a good one prints a summary. Nothing is started or written.
+    """
+    import json
+
+    try:
+        cfg = load_config(config)
+        if family:
+            from master.families import make_server_family
+
+            make_server_family(cfg)
+    except (ConfigError, ValueError, TypeError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise click.ClickException(text.replace(config, display_name) if display_name
+                                   else text) from None
+    summary = {"config": display_name or config, "family": cfg.family,
+               "strategy": cfg.strategy["name"], "rounds": cfg.rounds,
+               "workers": [w.name for w in cfg.workers], "master": cfg.master.rep_endpoint,
+               "security": cfg.security.mode}
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    click.echo(f"{summary['config']}: valid. Family {cfg.family} (strategy "
+               f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
+               f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or 'none'}), "
+               f"master {summary['master']}, security {cfg.security.mode}.")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

@@ -3,6 +3,7 @@
     fedctl data wikipedia --titles titles.txt -o wiki.jsonl      # fetch, score, label
     fedctl data wikipedia --history history.tsv --random 500 --category Software --depth 1
     fedctl data embed wiki.jsonl -o wiki                          # wiki.npy + wiki.index.jsonl
+    fedctl data shard --config cluster.yaml --out shards          # shards/w1.jsonl, ...
 
 Registered on the main CLI with ``main.add_command(data)``.
 """
@@ -64,7 +65,8 @@ _progress = click.option("--progress/--no-progress", default=True, show_default=
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def data() -> None:
-    """Build datasets: labelled Wikipedia articles, sentence-embedding features."""
+    """Build datasets: labelled Wikipedia articles, sentence-embedding features, and the
+    workers' shards of a dataset."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,3 +318,52 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int, devi
         raise _fail(f"{prefix}: cannot write ({exc.strerror or exc})") from None
     click.echo(f"wrote {features.shape[0]} x {features.shape[1]} float32 features to "
                f"{prefix}.npy and the index to {prefix}.index.jsonl (device {dev})")
+
+
+# --------------------------------------------------------------------------------------------
+# fedctl data shard
+# --------------------------------------------------------------------------------------------
+
+
+@data.command()
+@click.option("--config", "-c", default="cluster.yaml", show_default=True,
+              type=click.Path(dir_okay=False),
+              help="Cluster description: its data section (partition, alpha, task, limit, "
+                   "test_fraction), seed and workers.")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False), default=None,
+              metavar="PATH", help="The dataset to cut [default: data.path of the config].")
+@click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
+              metavar="DIR", help="Folder of the shards, one DIR/<worker>.jsonl each.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {sizes, written, unchanged} as one JSON object.")
+@click.argument("workers", nargs=-1, metavar="[WORKER]...")
+def shard(config: str, data_path: str | None, out_dir: str, as_json: bool,
+          workers: tuple[str, ...]) -> None:
+    """Cut each worker's share of a dataset into its own file, for a real cluster.
+
+    Worker WORKER's file holds exactly the documents it would take from the dataset in
+    `fedctl run` with these workers (default: the config's workers, in order), as
+    {text, label} lines; copy it to the worker's node and name it in workers[].data or
+    `fedctl worker --data`. Files whose content did not change are left alone. A shard its
+    worker could not use (one-vs-rest without the positive class) stops the command before
+    anything is written.
+    """
+    from common.config import ConfigError, load_config
+    from common.shards import write_shards
+
+    try:
+        cfg = load_config(config)
+        if data_path is not None:
+            cfg.data.path = str(Path(data_path).resolve())
+        report = write_shards(cfg, out_dir, list(workers) or None)
+    except (ConfigError, DataError) as exc:
+        raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail(f"{out_dir}: cannot write ({exc.strerror or exc})") from None
+    if as_json:
+        click.echo(json.dumps({"sizes": report.sizes, "written": report.written,
+                               "unchanged": report.unchanged}))
+        return
+    for name, n in report.sizes.items():
+        state = "written" if name in report.written else "unchanged"
+        click.echo(f"{Path(out_dir) / (name + '.jsonl')}: {n} documents ({state})")

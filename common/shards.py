@@ -6,13 +6,25 @@ cluster and its baseline always see the very same rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import json
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
-from common.config import ClusterConfig, ConfigError
-from common.data import TextDataset, embed_texts, holdout_split, make_task, partition, read_jsonl
+from common.atomic import atomic_write_bytes
+from common.config import ClusterConfig, ConfigError, WorkerConfig
+from common.data import (
+    DataError,
+    TextDataset,
+    embed_texts,
+    holdout_split,
+    make_task,
+    partition,
+    read_jsonl,
+)
 
 
 @dataclass
@@ -133,3 +145,68 @@ def sentence_features(cfg: ClusterConfig, dataset: TextDataset, device: str = "c
     """
     return embed_texts(dataset.texts, model_path=cfg.data.embedding_model,
                        cache_dir=cfg.data.cache_dir, device=device, progress=progress)
+
+
+@dataclass
+class ShardReport:
+    """What :func:`write_shards` did: shard sizes, and which files changed."""
+
+    sizes: dict[str, int] = field(default_factory=dict)
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+
+def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | None = None
+                 ) -> ShardReport:
+    """Cut ``data.path`` among workers into ``out_dir/<worker>.jsonl``, one file each.
+
+    Each file holds exactly the documents (training and held-out rows) the worker would take
+    from ``data.path`` in a simulated cluster of the workers ``names`` (default: all of
+    ``cfg.workers``, in order), as ``{"text", "label"}`` lines; a real cluster then gives each
+    node its own file (``workers[].data``). A file is rewritten, atomically, only when its
+    content changed, so cutting again reports what changed.
+
+    Raises
+    ------
+    ConfigError
+        No workers, or a name given twice.
+    DataError
+        The dataset cannot be read, or a shard its worker could not use (a one-vs-rest shard
+        without the positive class); nothing is written then.
+    """
+    names = [w.name for w in cfg.workers] if names is None else list(names)
+    if not names:
+        raise ConfigError(f"{cfg.source}: workers: no workers to cut shards for")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{cfg.source}: workers: a name is given twice: {', '.join(names)}")
+    cut = copy.deepcopy(cfg)
+    known = {w.name: w for w in cfg.workers}
+    # every named worker takes its share of data.path, whatever file of its own it has now
+    cut.workers = [replace(known[n], data=None) if n in known else WorkerConfig(name=n)
+                   for n in names]
+    texts: dict[str, str] = {}
+    for name in names:
+        shard = local_data(cut, name)
+        rows = sorted(int(i) for i in [*shard.train_index, *shard.test_index])
+        labels = [shard.dataset.labels[i] for i in rows]
+        try:  # what the worker will do with its file: fail here, not on its node
+            make_task(labels, task=cfg.data.task, positive=cfg.data.positive)
+        except DataError as exc:
+            raise DataError(
+                f"data: the shard of worker {name} ({len(rows)} documents, partition "
+                f"{cfg.data.partition}) cannot be used: {exc} (more data with data.limit, "
+                f"partition iid or a larger data.alpha would help)") from None
+        texts[name] = "".join(
+            json.dumps({"text": shard.dataset.texts[i], "label": shard.dataset.labels[i]},
+                       ensure_ascii=False) + "\n" for i in rows)
+    out = Path(out_dir)
+    report = ShardReport()
+    for name, text in texts.items():
+        target = out / f"{name}.jsonl"
+        report.sizes[name] = text.count("\n")
+        if target.is_file() and target.read_text(encoding="utf-8") == text:
+            report.unchanged.append(name)
+            continue
+        atomic_write_bytes(target, text.encode("utf-8"))
+        report.written.append(name)
+    return report

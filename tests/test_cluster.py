@@ -226,12 +226,14 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
 
 
 @pytest.mark.parametrize(("args", "mentions"), [
-    ((), ("master", "worker", "run", "--help", "--version")),
+    ((), ("master", "worker", "run", "check", "data", "--help", "--version")),
     (("master",), ("--config", "--workers", "--rounds", "--output", "--log-level")),
     (("worker",), ("--config", "--id", "--data", "--device", "--workers", "--rounds",
                    "--threads", "--log-level")),
     (("run",), ("--config", "--workers", "--rounds", "--output", "--progress", "--no-progress",
                 "--log-level")),
+    (("check",), ("--config", "--family", "--no-family", "--as", "--json")),
+    (("data", "shard"), ("--config", "--data", "--out", "--json", "[WORKER]...")),
 ])
 def test_help(args: tuple[str, ...], mentions: tuple[str, ...]) -> None:
     result = run_fedctl(*args, "--help", timeout=60)

@@ -1,0 +1,119 @@
+"""Cutting workers' shards out of a shared dataset (common.shards.write_shards, `fedctl data
+shard`) and checking a cluster.yaml (`fedctl check`), the two commands a real cluster's
+deployment runs before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.config import load_config, parse_config
+from common.data import DataError, read_jsonl
+from common.shards import local_data, write_shards
+from tests.conftest import DATA, run_fedctl
+
+WORKERS = ["w1", "w2", "w3"]
+
+
+def _config(tmp_path: Path, **data: object) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({
+        "workers": WORKERS, "output_dir": str(tmp_path / "out"), "seed": 3,
+        "data": {"path": str(DATA), "limit": 300, **data}}))
+    return path
+
+
+def _texts(shard) -> set[str]:
+    return {shard.dataset.texts[i] for i in [*shard.train_index, *shard.test_index]}
+
+
+def test_each_shard_holds_the_documents_its_worker_takes_in_fedctl_run(tmp_path: Path) -> None:
+    cfg = load_config(_config(tmp_path))
+    report = write_shards(cfg, tmp_path / "shards")
+    assert report.written == WORKERS and report.unchanged == []
+    assert sum(report.sizes.values()) == 300
+    for name in WORKERS:
+        shared = local_data(cfg, name)
+        path = tmp_path / "shards" / f"{name}.jsonl"
+        own = read_jsonl(path)
+        assert len(own.texts) == report.sizes[name] == shared.n_train + len(shared.test_index)
+        assert set(own.texts) == _texts(shared)
+        # the worker reading its file (workers[].data) holds the same documents and labels
+        from_file = local_data(cfg, name, data_path=str(path))
+        assert _texts(from_file) == _texts(shared)
+        assert sorted(from_file.dataset.labels) == sorted(
+            shared.dataset.labels[i] for i in [*shared.train_index, *shared.test_index])
+
+
+def test_cutting_again_rewrites_nothing(tmp_path: Path) -> None:
+    cfg = load_config(_config(tmp_path))
+    write_shards(cfg, tmp_path / "shards")
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "shards").iterdir()}
+    again = write_shards(cfg, tmp_path / "shards")
+    assert again.written == [] and again.unchanged == WORKERS
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "shards").iterdir()} == stamps
+
+
+def test_named_workers_split_the_data_among_themselves(tmp_path: Path) -> None:
+    cfg = load_config(_config(tmp_path, partition="iid"))
+    report = write_shards(cfg, tmp_path / "shards", ["a", "b"])
+    assert sorted(report.sizes) == ["a", "b"] and sum(report.sizes.values()) == 300
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["a.jsonl", "b.jsonl"]
+
+
+def test_an_unusable_shard_stops_the_cut_before_anything_is_written(tmp_path: Path) -> None:
+    data = tmp_path / "tiny.jsonl"
+    rows = [{"text": f"bus number {i}", "label": "MeanOfTransportation" if i == 0 else "Other"}
+            for i in range(30)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = parse_config({"workers": WORKERS, "output_dir": str(tmp_path / "out"),
+                        "data": {"path": str(data), "partition": "iid"}})
+    with pytest.raises(DataError, match=r"the shard of worker w\d .*cannot be used"):
+        write_shards(cfg, tmp_path / "shards")
+    assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").iterdir())
+
+
+def test_fedctl_data_shard(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    out = tmp_path / "shards"
+    first = run_fedctl("data", "shard", "--config", str(config), "--out", str(out), "--json")
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert report["written"] == WORKERS and sum(report["sizes"].values()) == 300
+    second = run_fedctl("data", "shard", "--config", str(config), "--out", str(out))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("(unchanged)") == 3
+    bad = run_fedctl("data", "shard", "--config", str(config), "--out", str(out),
+                     "--data", str(tmp_path / "missing.jsonl"))
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [f"Error: {tmp_path / 'missing.jsonl'}: no such file"]
+
+
+def test_fedctl_check_accepts_a_good_file(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    result = run_fedctl("check", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["workers"] == WORKERS and summary["family"] == "mlp"
+    human = run_fedctl("check", "--config", str(config), "--no-family")
+    assert human.returncode == 0 and "valid" in human.stdout
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ({"family": "nosuch"}, "model.family: unknown family 'nosuch'"),
+    ({"family": "nmf", "n_topics": 0}, "model.n_topics: expected an integer >= 1"),
+])
+def test_fedctl_check_names_the_bad_field_in_one_line(tmp_path: Path, model: dict,
+                                                      field: str) -> None:
+    config = _config(tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    new = tmp_path / "cluster.yaml.new"
+    new.write_text(yaml.safe_dump({**raw, "model": model}))
+    result = run_fedctl("check", "--config", str(new), "--as", "/opt/fedctl/etc/cluster.yaml")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: /opt/fedctl/etc/cluster.yaml: {field}"), line
