@@ -169,7 +169,7 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
     Raises
     ------
     ConfigError
-        No workers, or a name given twice.
+        No workers, a name given twice, or one that is not a plain file name.
     DataError
         The dataset cannot be read, or a shard its worker could not use (a one-vs-rest shard
         without the positive class); nothing is written then.
@@ -179,6 +179,9 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
         raise ConfigError(f"{cfg.source}: workers: no workers to cut shards for")
     if len(set(names)) != len(names):
         raise ConfigError(f"{cfg.source}: workers: a name is given twice: {', '.join(names)}")
+    for name in names:  # each names a file in out_dir, and nothing outside it
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise ConfigError(f"{cfg.source}: workers: {name!r} cannot name a shard file")
     cut = copy.deepcopy(cfg)
     known = {w.name: w for w in cfg.workers}
     # every named worker takes its share of data.path, whatever file of its own it has now

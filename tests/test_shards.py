@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import load_config, parse_config
+from common.config import ConfigError, load_config, parse_config
 from common.data import DataError, read_jsonl
 from common.shards import local_data, write_shards
 from tests.conftest import DATA, run_fedctl
@@ -62,6 +62,15 @@ def test_named_workers_split_the_data_among_themselves(tmp_path: Path) -> None:
     report = write_shards(cfg, tmp_path / "shards", ["a", "b"])
     assert sorted(report.sizes) == ["a", "b"] and sum(report.sizes.values()) == 300
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["a.jsonl", "b.jsonl"]
+
+
+@pytest.mark.parametrize("names", [["a", "a"], ["../outside"], [".."], []])
+def test_bad_worker_names_are_refused(tmp_path: Path, names: list[str]) -> None:
+    cfg = load_config(_config(tmp_path))
+    cfg.workers = [] if not names else cfg.workers
+    with pytest.raises(ConfigError, match="workers: "):
+        write_shards(cfg, tmp_path / "shards", names or None)
+    assert not (tmp_path / "shards").exists()
 
 
 def test_an_unusable_shard_stops_the_cut_before_anything_is_written(tmp_path: Path) -> None:
