@@ -144,19 +144,26 @@ def scores(corpus: Corpus, vocab: list[str], components: np.ndarray, transform: 
 
 def simulate(corpus: Corpus, strategy: str, n_topics: int, mi_weight: float, rounds: int,
              epochs: int, n_clients: int = 10, alpha: float = 1.0, fraction: float = 0.2,
-             seed: int = 0, **model: Any) -> tuple[NMFServer, dict[str, Any]]:
-    """Run FedNMF(+MI) in-process; returns the master's family and timing figures."""
+             seed: int = 0, all_titles: bool = False, **model: Any
+             ) -> tuple[NMFServer, dict[str, Any]]:
+    """Run FedNMF(+MI) in-process; returns the master's family and timing figures.
+
+    The clients share the training titles; with ``all_titles`` they hold every title,
+    held-out ones included, and the figures carry ``doc_topic``: the topic weights H each
+    client learned for its titles (pooled here for scoring only), rows in corpus order.
+    """
     names = [f"w{i + 1}" for i in range(n_clients)]
     cfg = parse_config({
         "workers": names, "strategy": strategy, "rounds": rounds, "client_fraction": fraction,
         "seed": seed, "model": {"family": "nmf", "n_topics": n_topics, "mi_weight": mi_weight,
                                 "local_epochs": epochs, "vocab_size": VOCAB_SIZE, **model}},
         source="<fednmf benchmark>")
-    parts = dirichlet_equal(corpus.y[corpus.train], n_clients, alpha, seed=seed)
+    held = np.arange(len(corpus.y)) if all_titles else corpus.train
+    parts = [held[part] for part in dirichlet_equal(corpus.y[held], n_clients, alpha, seed=seed)]
     no_test = np.zeros(0, dtype=np.int64)
     clients = {
-        name: NMFClient(cfg, LocalData(corpus.dataset, corpus.y, corpus.classes,
-                                       corpus.train[part], no_test), "cpu", seed + 1000 + i)
+        name: NMFClient(cfg, LocalData(corpus.dataset, corpus.y, corpus.classes, part, no_test),
+                        "cpu", seed + 1000 + i)
         for i, (name, part) in enumerate(zip(names, parts, strict=True))}
     server = NMFServer(cfg, make_strategy(cfg.strategy["name"], **cfg.strategy_params))
     server.setup({name: c.registration_info() for name, c in clients.items()})
@@ -178,8 +185,16 @@ def simulate(corpus: Corpus, strategy: str, n_topics: int, mi_weight: float, rou
         server.aggregate(rnd, results)
     elapsed = time.perf_counter() - t0
     # client drift: how far one local update moves the topics, relative to their size
-    return server, {"seconds": elapsed, "seconds_per_round": elapsed / rounds,
-                    "client_drift": float(np.median(drift))}
+    out = {"seconds": elapsed, "seconds_per_round": elapsed / rounds,
+           "client_drift": float(np.median(drift))}
+    if all_titles:
+        h = np.zeros((len(corpus.y), n_topics), dtype=np.float32)
+        for name, part in zip(names, parts, strict=True):
+            model_ = clients[name].model
+            if model_ is not None and model_.n_steps_:  # never sampled: H stays 0
+                h[part] = model_.doc_topic_
+        out["doc_topic"] = h
+    return server, out
 
 
 def fed_row(corpus: Corpus, strategy: str, n_topics: int, mi: bool, args: argparse.Namespace,
@@ -190,7 +205,12 @@ def fed_row(corpus: Corpus, strategy: str, n_topics: int, mi: bool, args: argpar
     model = server.params.model()
     model.set_arrays(server.global_.arrays)
     X = bow_matrix(corpus.dataset.texts, vocab)
-    return {**scores(corpus, vocab, model.components_, model.transform, X), **timing}
+    row = {**scores(corpus, vocab, model.components_, model.transform, X), **timing}
+    h = row.pop("doc_topic", None)
+    if h is not None:  # the clients' own H, as the paper presumably classifies
+        tr, te, y = corpus.train, corpus.test, corpus.y
+        row["learned_h"] = svm_scores(h[tr], y[tr], h[te], y[te])
+    return row
 
 
 # --------------------------------------------------------------------------------------------
