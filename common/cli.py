@@ -89,6 +89,25 @@ def master(config: str, workers: int | None, rounds: int | None, output: str | N
             server.close()
 
 
+def _limit_threads(n: int, report: bool = False) -> None:
+    """Cap torch and every BLAS / OpenMP pool at ``n`` threads: the environment for the
+    libraries not loaded yet, threadpoolctl for those already in the process."""
+    import os
+
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(n)
+    torch.set_num_threads(n)
+    threadpool_limits(n)  # not as a context: in force for the rest of the process
+    if report:
+        pools = sorted({f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info()})
+        logging.getLogger("fedctl.worker").info(
+            "CPU threads: torch %d, %s", torch.get_num_threads(), ", ".join(pools) or "no pool")
+
+
 @main.command()
 @_config
 @click.option("--id", "worker_id", required=True, help="This worker's name, e.g. w1.")
@@ -99,18 +118,21 @@ def master(config: str, workers: int | None, rounds: int | None, output: str | N
 @click.option("--workers", type=int, default=None,
               help="The cluster has workers w1..wN (as given to the master).")
 @click.option("--rounds", type=int, default=None, help="As given to the master.")
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads of torch and of numpy / scikit-learn / numba's BLAS and OpenMP "
+                   "pools (default: theirs, often every core).")
 @_log_level
 def worker(config: str, worker_id: str, data: str | None, device: str | None,
            workers: int | None, rounds: int | None, threads: int | None, log_level: str) -> None:
     """Run a worker: join the master, train on local data each round, report."""
     _setup_logging(log_level)
     if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+        _limit_threads(threads)
     from common.transport import PeerUnreachable
     from worker.client import Worker
+
+    if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
+        _limit_threads(threads, report=True)
 
     try:
         cfg = _load(config, workers, rounds)

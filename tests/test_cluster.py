@@ -218,6 +218,11 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
     assert all(round_evs[r]["n_updates"] == 3 for r in later)
     assert json.loads((out / "summary.json").read_text())["workers"] == ["w1", "w2", "w3"]
     assert "w3 done: federated macro-F1" in procs.log("w3")
+    # --threads 1 (what Procs passes) caps torch and every BLAS / OpenMP pool the worker loaded
+    (threads,) = [line.split("CPU threads: ")[1] for line in procs.log("w3").splitlines()
+                  if "CPU threads: " in line]
+    pools = dict(p.rsplit(" ", 1) for p in threads.split(", "))
+    assert {"torch", "openblas", "openmp"} <= set(pools) and set(pools.values()) == {"1"}, threads
 
 
 # --------------------------------------------------------------------------------------------
