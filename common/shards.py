@@ -188,6 +188,7 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
     cut.workers = [replace(known[n], data=None) if n in known else WorkerConfig(name=n)
                    for n in names]
     texts: dict[str, str] = {}
+    report = ShardReport()
     for name in names:
         shard = local_data(cut, name)
         rows = sorted(int(i) for i in [*shard.train_index, *shard.test_index])
@@ -199,14 +200,13 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
                 f"data: the shard of worker {name} ({len(rows)} documents, partition "
                 f"{cfg.data.partition}) cannot be used: {exc} (more data with data.limit, "
                 f"partition iid or a larger data.alpha would help)") from None
+        report.sizes[name] = len(rows)
         texts[name] = "".join(
             json.dumps({"text": shard.dataset.texts[i], "label": shard.dataset.labels[i]},
                        ensure_ascii=False) + "\n" for i in rows)
     out = Path(out_dir)
-    report = ShardReport()
     for name, text in texts.items():
         target = out / f"{name}.jsonl"
-        report.sizes[name] = text.count("\n")
         if target.is_file() and target.read_text(encoding="utf-8") == text:
             report.unchanged.append(name)
             continue
