@@ -17,15 +17,19 @@ lives on some client, and the SVM is trained and scored on the topic weights H t
 learned (pooled for scoring only), the paper's likely protocol, instead of weights re-solved
 from the final topics (those are kept in the JSON as ``macro_f1_resolved_h``).
 
+``--rescale-doc-topic`` gives the +MI runs the family's ``rescale_doc_topic`` stabilizer (each
+title's topic weights rescaled to their least-squares scale after every step); the runs without
+MI keep the paper's update, so they are the same runs as without the option.
+
     python benchmarks/fednmf_seeds.py [--datasets stackoverflow,sms_spam,...]
         [--strategies fedavg,fedadagrad,fedyogi,fedadam] [--seeds 0,1,2] [--docs 3000]
         [--rounds 50] [--epochs 2] [--alpha 1] [--critic-aggregation fedavg] [--learned-h]
-        [--jobs 2]
+        [--rescale-doc-topic] [--jobs 2]
 
 Prints a table and writes benchmarks/results/fednmf_seeds.{json,md} (alpha 1, 2 epochs) or
 benchmarks/results/fednmf_seeds_alpha<alpha>_e<epochs>.{json,md}, with ``_critic_local`` (or
 ``_critic_strategy``) added for the other critic aggregations and ``_learned_h`` for
-``--learned-h``.
+``--learned-h`` and ``_rescaled`` for ``--rescale-doc-topic``.
 """
 
 from __future__ import annotations
@@ -52,15 +56,16 @@ _CORPORA: dict[tuple[str, int], Corpus] = {}
 
 
 def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: int,
-             epochs: int, alpha: float, critic: str, learned_h: bool = False
-             ) -> tuple[float, float, float]:
+             epochs: int, alpha: float, critic: str, learned_h: bool = False,
+             rescale: bool = False) -> tuple[float, float, float]:
     """macro-F1, client drift and the macro-F1 on re-solved topic weights of one federated
     run (in a pool process); with ``learned_h`` the first is scored on the clients' learned
     H (every title on some client), otherwise both F1 are the same."""
     torch.set_num_threads(1)
     corpus = _CORPORA.setdefault((name, docs), Corpus(name, docs))
     row = fed_row(corpus, strategy, 50, mi, argparse.Namespace(rounds=rounds, epochs=epochs),
-                  alpha=alpha, seed=seed, critic_aggregation=critic, all_titles=learned_h)
+                  alpha=alpha, seed=seed, critic_aggregation=critic, all_titles=learned_h,
+                  rescale_doc_topic=rescale and mi)
     f1 = row["learned_h"]["macro_f1"] if learned_h else row["macro_f1"]
     return f1, row["client_drift"], row["macro_f1"]
 
@@ -80,6 +85,9 @@ def main() -> None:
                     help="every title (held-out ones too) lives on a client, and macro-F1 is "
                          "scored on the topic weights the clients learned (the paper's likely "
                          "protocol) instead of weights re-solved from the final topics")
+    ap.add_argument("--rescale-doc-topic", action="store_true",
+                    help="the +MI runs rescale each title's topic weights to their "
+                         "least-squares scale after every step (the family's stabilizer)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -92,7 +100,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_cell, name, args.docs, strategy, mi, seed, args.rounds,
                                args.epochs, args.alpha, args.critic_aggregation,
-                               args.learned_h)
+                               args.learned_h, args.rescale_doc_topic)
                    for name, strategy, mi, seed in cells]
         results = [f.result() for f in futures]
     f1: dict[str, dict[str, list[float]]] = {}
@@ -103,6 +111,9 @@ def main() -> None:
         f1.setdefault(name, {}).setdefault(label, []).append(value)
         drift.setdefault(name, {}).setdefault(label, []).append(d)
         resolved.setdefault(name, {}).setdefault(label, []).append(f1_resolved)
+    rescaled = ("The +MI runs rescale each title's topic weights to their least-squares scale "
+                "after every step (`rescale_doc_topic`); the runs without MI do not. "
+                if args.rescale_doc_topic else "")
     scored = ("Every title, held-out ones included, lives on a client; macro-F1 is scored on "
               "the topic weights H the clients learned (pooled for scoring only). "
               if args.learned_h else "")
@@ -113,7 +124,8 @@ def main() -> None:
              f"epochs, lambda = {MI_WEIGHT} for +MI, critic_aggregation "
              f"{args.critic_aggregation}); seeds {seeds} change the "
              f"partition, the initial topics, the clients' initialization and batch order and "
-             f"the sampled clients. {scored}Client drift: median over the clients' updates of "
+             f"the sampled clients. {rescaled}{scored}Client drift: median over the clients' "
+             f"updates of "
              f"||C_local - C_global|| / ||C_global||. "
              f"{(time.perf_counter() - t0) / 60:.1f} min on {args.jobs} process(es) of a shared "
              f"2-core CPU.", ""]
@@ -150,6 +162,8 @@ def main() -> None:
         stem += f"_critic_{args.critic_aggregation}"
     if args.learned_h:
         stem += "_learned_h"
+    if args.rescale_doc_topic:
+        stem += "_rescaled"
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(RESULTS / f"{stem}.md", text.encode())
     atomic_write_bytes(RESULTS / f"{stem}.json",
@@ -158,6 +172,7 @@ def main() -> None:
                                    "epochs": args.epochs, "alpha": args.alpha,
                                    "critic_aggregation": args.critic_aggregation,
                                    "learned_h": args.learned_h,
+                                   "rescale_doc_topic": args.rescale_doc_topic,
                                    "macro_f1_resolved_h": resolved,
                                    "mi_weight": MI_WEIGHT}, indent=2).encode())
 

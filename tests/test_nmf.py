@@ -183,6 +183,50 @@ def test_zero_mi_weight_is_plain_projected_sgd(bow: tuple[sp.csr_matrix, list[st
     assert not np.allclose(with_mi.doc_topic_, H, rtol=1e-4, atol=1e-6)
 
 
+def test_rescale_doc_topic_sets_each_h_to_its_least_squares_scale(
+        bow: tuple[sp.csr_matrix, list[str]]) -> None:
+    """``rescale_doc_topic``: after each projected step, h_j is multiplied by
+    <x_j, h_j C> / ||h_j C||^2, checked against a reference written out here."""
+    X = bow[0][:200]
+    n, v = X.shape
+    k, lr, epochs = 5, 0.05, 4
+    rng = np.random.default_rng(2)
+    c0 = np.abs(rng.standard_normal((k, v))) * 0.1
+    h0 = np.abs(rng.standard_normal((n, k))) * 0.1
+    model = SGDNMF(n_topics=k, batch_size=n, lr=lr, rescale_doc_topic=True, random_state=0)
+    model.initialize(v)
+    model.set_arrays({COMPONENTS: c0.astype(np.float32)})
+    model.fit(X, epochs=epochs, doc_topic=h0.astype(np.float32))
+
+    A = X.toarray().astype(np.float64)
+    C, H = c0.copy(), h0.copy()
+    for _ in range(epochs):
+        R = H @ C - A
+        C, H = np.maximum(C - lr * 2 / n * H.T @ R, 0), np.maximum(H - lr * 2 * R @ C.T, 0)
+        recon = H @ C
+        norm2 = (recon * recon).sum(1)  # 0 where h_j C is 0: such rows stay as they are
+        scale = np.divide((A * recon).sum(1), norm2, out=np.ones(n), where=norm2 > 0)
+        H *= np.maximum(scale, 0)[:, None]
+    np.testing.assert_allclose(model.components_, C, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model.doc_topic_, H, rtol=1e-3, atol=1e-6)
+    # so each document's reconstruction can no longer be improved by scaling h alone
+    recon = model.doc_topic_ @ model.components_
+    live = (recon * recon).sum(1) > 0
+    assert live.mean() > 0.9
+    scale = (A * recon).sum(1)[live] / (recon * recon).sum(1)[live]
+    np.testing.assert_allclose(scale, 1.0, rtol=1e-3)
+
+
+def test_rescale_doc_topic_through_the_config() -> None:
+    cfg = parse_config({"workers": ["w1"], "model": {
+        "family": "nmf", "mi_weight": 1, "rescale_doc_topic": True}})
+    params = build_params(NMFParams, cfg.family_params, "cluster.yaml: model")
+    assert params.model().rescale_doc_topic is True
+    assert NMFParams().model().rescale_doc_topic is False  # the paper's update by default
+    with pytest.raises(ConfigError, match="rescale_doc_topic"):
+        build_params(NMFParams, {"rescale_doc_topic": "yes"}, "cluster.yaml: model")
+
+
 def test_arrays_travel_without_h(bow: tuple[sp.csr_matrix, list[str]]) -> None:
     X, vocab = bow
     model = SGDNMF(n_topics=8, mi_weight=0.5, random_state=0).fit(X[:300], epochs=1)

@@ -87,6 +87,11 @@ class NMFParams:
         mutual information of its own documents with its own critic, and only C travels.
     transform_max_iter : int, default 200
         Coordinate-descent iterations when solving for H with C fixed.
+    rescale_doc_topic : bool, default False
+        After every step, rescale each batch document's h to its least-squares scale for the
+        reconstruction, <x, hC> / ||hC||^2, so that only the reconstruction sets H's scale.
+        A stabilizer for long training with the MI term, which otherwise grows H and shrinks
+        C until the topics collapse (docs/FEDNMF.md, "A hazard"). False is the paper's update.
     """
 
     n_topics: int = 50
@@ -100,6 +105,7 @@ class NMFParams:
     tau: float = 5.0
     critic_aggregation: str = "fedavg"
     transform_max_iter: int = 200
+    rescale_doc_topic: bool = False
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -131,7 +137,8 @@ class NMFParams:
         return SGDNMF(n_topics=self.n_topics, mi_weight=self.mi_weight,
                       epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
                       optimizer=self.optimizer, tau=self.tau,
-                      transform_max_iter=self.transform_max_iter, device=device,
+                      transform_max_iter=self.transform_max_iter,
+                      rescale_doc_topic=self.rescale_doc_topic, device=device,
                       random_state=random_state)
 
 
@@ -163,6 +170,12 @@ class SGDNMF:
     transform_max_iter : int, default 200
     critic_lr : float or None, default None
         The critic's learning rate; None: ``lr``.
+    rescale_doc_topic : bool, default False
+        After every step, scale each batch document's h by <x, hC> / ||hC||^2 (clamped at
+        0), the factor that minimizes its reconstruction error with C and h's direction
+        fixed. NMF's loss is unchanged by h -> a h, C -> C / a, so nothing else pins H's
+        scale against a term on H alone; with the MI term H otherwise grows and C shrinks
+        until SGD becomes unstable.
     random_state : int, default 0
         Seeds the initial factors, the critic and the batch order.
     device : str, default "cpu"
@@ -193,7 +206,8 @@ class SGDNMF:
                  batch_size: int = 32, lr: float = 0.5, optimizer: str = "sgd",
                  tau: float = 5.0, critic_hidden: tuple[int, ...] = (32, 256),
                  transform_max_iter: int = 200, critic_lr: float | None = None,
-                 random_state: int = 0, device: str = "cpu") -> None:
+                 rescale_doc_topic: bool = False, random_state: int = 0,
+                 device: str = "cpu") -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
         self.n_topics = n_topics
@@ -206,6 +220,7 @@ class SGDNMF:
         self.critic_hidden = tuple(critic_hidden)
         self.transform_max_iter = transform_max_iter
         self.critic_lr = critic_lr
+        self.rescale_doc_topic = rescale_doc_topic
         self.random_state = random_state
         self.device = device
         self._gen = torch.Generator().manual_seed(random_state)
@@ -362,7 +377,10 @@ class SGDNMF:
                     self._opt_c.step()
                 with torch.no_grad():
                     self._C.clamp_(min=0)
-                    self._H.weight[ids] = self._H.weight[ids].clamp(min=0)
+                    h = self._H.weight[ids].clamp(min=0)
+                    if self.rescale_doc_topic:
+                        h = h * _least_squares_scale(xb, h @ self._C)[:, None]
+                    self._H.weight[ids] = h
                 self.n_steps_ += 1
                 total += float(recon.detach()) * b
             self.last_loss_ = total / max(n, 1)
@@ -399,6 +417,15 @@ class SGDNMF:
     def get_topics(self, vocab: Sequence[str], n: int = 10) -> list[list[str]]:
         """Each topic's ``n`` heaviest words."""
         return top_words(self.components_, vocab, n)
+
+
+def _least_squares_scale(x: torch.Tensor, recon: torch.Tensor) -> torch.Tensor:
+    """Per row, the a >= 0 minimizing ||x - a recon||^2: <x, recon> / ||recon||^2 (1 where
+    recon is 0, leaving such rows as they are)."""
+    norm2 = (recon * recon).sum(dim=1)
+    dot = (x * recon).sum(dim=1)
+    return torch.where(norm2 > 0, dot / norm2.clamp(min=1e-12), torch.ones_like(dot)
+                       ).clamp(min=0)
 
 
 def _critic_inputs(x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
