@@ -17,22 +17,18 @@ lives on some client, and the SVM is trained and scored on the topic weights H t
 learned (pooled for scoring only), the paper's likely protocol, instead of weights re-solved
 from the final topics (those are kept in the JSON as ``macro_f1_resolved_h``).
 
-``--rescale-doc-topic mi`` gives the +MI runs the family's ``rescale_doc_topic`` stabilizer (each
-title's topic weights rescaled to their least-squares scale after every step); the runs without
-MI keep the paper's update, so they are the same runs as without the option.
-``--rescale-doc-topic all`` gives it to both, the control that tells the stabilizer's own effect
-from the MI term's.
+``--mi-keeps-scale`` gives the +MI runs the family's ``mi_keeps_scale``
+(the MI term's step on each title's topic weights keeps their sum); it does nothing without MI.
 
     python benchmarks/fednmf_seeds.py [--datasets stackoverflow,sms_spam,...]
         [--strategies fedavg,fedadagrad,fedyogi,fedadam] [--seeds 0,1,2] [--docs 3000]
         [--rounds 50] [--epochs 2] [--alpha 1] [--critic-aggregation fedavg] [--learned-h]
-        [--rescale-doc-topic {none,mi,all}] [--jobs 2]
+        [--mi-keeps-scale] [--jobs 2]
 
 Prints a table and writes benchmarks/results/fednmf_seeds.{json,md} (alpha 1, 2 epochs) or
 benchmarks/results/fednmf_seeds_alpha<alpha>_e<epochs>.{json,md}, with ``_critic_local`` (or
 ``_critic_strategy``) added for the other critic aggregations and ``_learned_h`` for
-``--learned-h``, ``_rescaled`` for ``--rescale-doc-topic mi`` and ``_rescaled_all`` for
-``all``.
+``--learned-h`` and ``_keeps_scale`` for ``--mi-keeps-scale``.
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ _CORPORA: dict[tuple[str, int], Corpus] = {}
 
 def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: int,
              epochs: int, alpha: float, critic: str, learned_h: bool = False,
-             rescale: str = "none") -> tuple[float, float, float]:
+             keeps_scale: bool = False) -> tuple[float, float, float]:
     """macro-F1, client drift and the macro-F1 on re-solved topic weights of one federated
     run (in a pool process); with ``learned_h`` the first is scored on the clients' learned
     H (every title on some client), otherwise both F1 are the same."""
@@ -68,7 +64,7 @@ def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: i
     corpus = _CORPORA.setdefault((name, docs), Corpus(name, docs))
     row = fed_row(corpus, strategy, 50, mi, argparse.Namespace(rounds=rounds, epochs=epochs),
                   alpha=alpha, seed=seed, critic_aggregation=critic, all_titles=learned_h,
-                  rescale_doc_topic=rescale == "all" or (rescale == "mi" and mi))
+                  mi_keeps_scale=keeps_scale)
     f1 = row["learned_h"]["macro_f1"] if learned_h else row["macro_f1"]
     return f1, row["client_drift"], row["macro_f1"]
 
@@ -88,10 +84,9 @@ def main() -> None:
                     help="every title (held-out ones too) lives on a client, and macro-F1 is "
                          "scored on the topic weights the clients learned (the paper's likely "
                          "protocol) instead of weights re-solved from the final topics")
-    ap.add_argument("--rescale-doc-topic", choices=("none", "mi", "all"), default="none",
-                    help="which runs rescale each title's topic weights to their "
-                         "least-squares scale after every step (the family's stabilizer): "
-                         "none, the +MI runs, or all")
+    ap.add_argument("--mi-keeps-scale", action="store_true",
+                    help="the MI term's step on each title's topic weights keeps their sum "
+                         "(the family's mi_keeps_scale)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -104,7 +99,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_cell, name, args.docs, strategy, mi, seed, args.rounds,
                                args.epochs, args.alpha, args.critic_aggregation,
-                               args.learned_h, args.rescale_doc_topic)
+                               args.learned_h, args.mi_keeps_scale)
                    for name, strategy, mi, seed in cells]
         results = [f.result() for f in futures]
     f1: dict[str, dict[str, list[float]]] = {}
@@ -115,13 +110,8 @@ def main() -> None:
         f1.setdefault(name, {}).setdefault(label, []).append(value)
         drift.setdefault(name, {}).setdefault(label, []).append(d)
         resolved.setdefault(name, {}).setdefault(label, []).append(f1_resolved)
-    rescaled = {"none": "",
-                "mi": "The +MI runs rescale each title's topic weights to their least-squares "
-                      "scale after every step (`rescale_doc_topic`); the runs without MI do "
-                      "not. ",
-                "all": "Every run, with and without MI, rescales each title's topic weights "
-                       "to their least-squares scale after every step (`rescale_doc_topic`). "
-                }[args.rescale_doc_topic]
+    keeps = ("The MI term's step on each title's topic weights keeps their sum "
+             "(`mi_keeps_scale`). " if args.mi_keeps_scale else "")
     scored = ("Every title, held-out ones included, lives on a client; macro-F1 is scored on "
               "the topic weights H the clients learned (pooled for scoring only). "
               if args.learned_h else "")
@@ -132,7 +122,7 @@ def main() -> None:
              f"epochs, lambda = {MI_WEIGHT} for +MI, critic_aggregation "
              f"{args.critic_aggregation}); seeds {seeds} change the "
              f"partition, the initial topics, the clients' initialization and batch order and "
-             f"the sampled clients. {rescaled}{scored}Client drift: median over the clients' "
+             f"the sampled clients. {keeps}{scored}Client drift: median over the clients' "
              f"updates of "
              f"||C_local - C_global|| / ||C_global||. "
              f"{(time.perf_counter() - t0) / 60:.1f} min on {args.jobs} process(es) of a shared "
@@ -170,8 +160,8 @@ def main() -> None:
         stem += f"_critic_{args.critic_aggregation}"
     if args.learned_h:
         stem += "_learned_h"
-    if args.rescale_doc_topic != "none":
-        stem += "_rescaled" + ("_all" if args.rescale_doc_topic == "all" else "")
+    if args.mi_keeps_scale:
+        stem += "_keeps_scale"
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(RESULTS / f"{stem}.md", text.encode())
     atomic_write_bytes(RESULTS / f"{stem}.json",
@@ -180,7 +170,7 @@ def main() -> None:
                                    "epochs": args.epochs, "alpha": args.alpha,
                                    "critic_aggregation": args.critic_aggregation,
                                    "learned_h": args.learned_h,
-                                   "rescale_doc_topic": args.rescale_doc_topic,
+                                   "mi_keeps_scale": args.mi_keeps_scale,
                                    "macro_f1_resolved_h": resolved,
                                    "mi_weight": MI_WEIGHT}, indent=2).encode())
 

@@ -217,6 +217,7 @@ def check(config: str, family: bool, display_name: str | None, as_json: bool) ->
     """
     import json
 
+    logging.basicConfig(level=logging.WARNING, format="Warning: %(message)s")
     try:
         cfg = load_config(config)
         if family:

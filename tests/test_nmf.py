@@ -183,48 +183,82 @@ def test_zero_mi_weight_is_plain_projected_sgd(bow: tuple[sp.csr_matrix, list[st
     assert not np.allclose(with_mi.doc_topic_, H, rtol=1e-4, atol=1e-6)
 
 
-def test_rescale_doc_topic_sets_each_h_to_its_least_squares_scale(
+def test_mi_keeps_scale_moves_h_without_changing_its_sums(
         bow: tuple[sp.csr_matrix, list[str]]) -> None:
-    """``rescale_doc_topic``: after each projected step, h_j is multiplied by
-    <x_j, h_j C> / ||h_j C||^2, checked against a reference written out here."""
+    """``mi_keeps_scale``: the MI step redistributes each h over the topics at the sum the
+    reconstruction's step gave it; C's step is the reconstruction's, as without MI."""
     X = bow[0][:200]
     n, v = X.shape
-    k, lr, epochs = 5, 0.05, 4
-    rng = np.random.default_rng(2)
-    c0 = np.abs(rng.standard_normal((k, v))) * 0.1
-    h0 = np.abs(rng.standard_normal((n, k))) * 0.1
-    model = SGDNMF(n_topics=k, batch_size=n, lr=lr, rescale_doc_topic=True, random_state=0)
-    model.initialize(v)
-    model.set_arrays({COMPONENTS: c0.astype(np.float32)})
-    model.fit(X, epochs=epochs, doc_topic=h0.astype(np.float32))
+    k = 6
+    rng = np.random.default_rng(3)
+    c0 = (np.abs(rng.standard_normal((k, v))) * 0.1).astype(np.float32)
+    h0 = (np.abs(rng.standard_normal((n, k))) * 0.1).astype(np.float32)
 
-    A = X.toarray().astype(np.float64)
-    C, H = c0.copy(), h0.copy()
-    for _ in range(epochs):
-        R = H @ C - A
-        C, H = np.maximum(C - lr * 2 / n * H.T @ R, 0), np.maximum(H - lr * 2 * R @ C.T, 0)
-        recon = H @ C
-        norm2 = (recon * recon).sum(1)  # 0 where h_j C is 0: such rows stay as they are
-        scale = np.divide((A * recon).sum(1), norm2, out=np.ones(n), where=norm2 > 0)
-        H *= np.maximum(scale, 0)[:, None]
-    np.testing.assert_allclose(model.components_, C, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(model.doc_topic_, H, rtol=1e-3, atol=1e-6)
-    # so each document's reconstruction can no longer be improved by scaling h alone
-    recon = model.doc_topic_ @ model.components_
-    live = (recon * recon).sum(1) > 0
-    assert live.mean() > 0.9
-    scale = (A * recon).sum(1)[live] / (recon * recon).sum(1)[live]
-    np.testing.assert_allclose(scale, 1.0, rtol=1e-3)
+    def one_step(mi_weight: float, keeps: bool) -> SGDNMF:
+        m = SGDNMF(n_topics=k, mi_weight=mi_weight, batch_size=n, lr=0.002,
+                   mi_keeps_scale=keeps, critic_hidden=(8, 8), random_state=0)
+        m.initialize(v)
+        m.set_arrays({**m.get_arrays(), COMPONENTS: c0})
+        return m.fit(X, epochs=1, doc_topic=h0)
+
+    plain, kept, paper = one_step(0.0, False), one_step(1.0, True), one_step(1.0, False)
+    assert (plain.doc_topic_.sum(1) > 0).mean() > 0.9
+    np.testing.assert_allclose(kept.components_, plain.components_, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(kept.doc_topic_.sum(1), plain.doc_topic_.sum(1), rtol=1e-4,
+                               atol=1e-6)
+    assert not np.allclose(kept.doc_topic_, plain.doc_topic_, rtol=1e-3, atol=1e-6)
+    assert not np.allclose(paper.doc_topic_.sum(1), plain.doc_topic_.sum(1), rtol=1e-6,
+                           atol=0)  # the paper's joint step moves the sums too
+    np.testing.assert_array_equal(one_step(0.0, True).doc_topic_, plain.doc_topic_)
+    with pytest.raises(ValueError, match="mi_keeps_scale"):
+        SGDNMF(mi_weight=1.0, optimizer="adam", mi_keeps_scale=True)
 
 
-def test_rescale_doc_topic_through_the_config() -> None:
+def test_mi_keeps_scale_holds_h_where_the_reconstruction_puts_it(
+        bow: tuple[sp.csr_matrix, list[str]]) -> None:
+    """Over 25 epochs the paper's update lets the MI term grow H (and shrink C, the start of
+    the collapse in docs/FEDNMF.md); with ``mi_keeps_scale`` H stays near its size without
+    MI while the bound is as high."""
+    X = bow[0]
+
+    def fit(mi_weight: float, keeps: bool) -> SGDNMF:
+        return SGDNMF(n_topics=20, mi_weight=mi_weight, mi_keeps_scale=keeps,
+                      random_state=0).fit(X, epochs=25)
+
+    plain, kept, paper = fit(0.0, False), fit(1.0, True), fit(1.0, False)
+    size = {name: float(m.doc_topic_.sum(1).mean())
+            for name, m in (("plain", plain), ("kept", kept), ("paper", paper))}
+    assert size["paper"] > 1.5 * size["plain"], size
+    assert size["kept"] < 1.25 * size["plain"], size
+    assert kept.last_mi_ > 0.5 * paper.last_mi_ > 0
+    assert kept.last_loss_ < paper.last_loss_
+
+
+def test_master_warns_of_long_training_with_the_mi_term(caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    def warnings(**model: object) -> list[str]:
+        caplog.clear()
+        cfg = parse_config({"workers": ["w1"], "rounds": 30,
+                            "model": {"family": "nmf", "local_epochs": 2, **model}})
+        make_server_family(cfg)
+        return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+    (line,) = warnings(mi_weight=1)
+    assert "30 rounds x 2 local epochs" in line and "mi_keeps_scale: true" in line
+    assert warnings(mi_weight=1, mi_keeps_scale=True) == []
+    assert warnings(mi_weight=0) == []
+    assert warnings(mi_weight=1, local_epochs=1) == []  # 30 epochs: within the stable range
+
+
+def test_mi_keeps_scale_through_the_config() -> None:
     cfg = parse_config({"workers": ["w1"], "model": {
-        "family": "nmf", "mi_weight": 1, "rescale_doc_topic": True}})
+        "family": "nmf", "mi_weight": 1, "mi_keeps_scale": True}})
     params = build_params(NMFParams, cfg.family_params, "cluster.yaml: model")
-    assert params.model().rescale_doc_topic is True
-    assert NMFParams().model().rescale_doc_topic is False  # the paper's update by default
-    with pytest.raises(ConfigError, match="rescale_doc_topic"):
-        build_params(NMFParams, {"rescale_doc_topic": "yes"}, "cluster.yaml: model")
+    assert params.model().mi_keeps_scale is True
+    assert NMFParams().model().mi_keeps_scale is False  # the paper's update by default
+    for bad in ({"mi_keeps_scale": "yes"}, {"mi_keeps_scale": True, "optimizer": "adam"}):
+        with pytest.raises(ConfigError, match="mi_keeps_scale"):
+            build_params(NMFParams, bad, "cluster.yaml: model")
 
 
 def test_arrays_travel_without_h(bow: tuple[sp.csr_matrix, list[str]]) -> None:

@@ -37,6 +37,9 @@ __all__ = ["NMFParams", "SGDNMF", "init_scale", "reconstruction_loss", "heldout_
 
 OPTIMIZERS = ("sgd", "adam")
 CRITIC_AGGREGATIONS = ("fedavg", "strategy", "local")
+#: Epochs of training with the MI term beyond which the paper's update loses F1 and then
+#: collapses the topics (benchmarks/results/fednmf_mi_long.md); the master warns past it.
+MI_STABLE_EPOCHS = 30
 #: Smooths the critic's view of the topic proportions h / (sum(h) + eps) (see SGDNMF).
 PROPORTION_EPS = 0.05
 #: Name of the topic-word matrix among the arrays that travel; the critic's are "critic.*".
@@ -87,11 +90,6 @@ class NMFParams:
         mutual information of its own documents with its own critic, and only C travels.
     transform_max_iter : int, default 200
         Coordinate-descent iterations when solving for H with C fixed.
-    rescale_doc_topic : bool, default False
-        After every step, rescale each batch document's h to its least-squares scale for the
-        reconstruction, <x, hC> / ||hC||^2, so that only the reconstruction sets H's scale.
-        A stabilizer for long training with the MI term, which otherwise grows H and shrinks
-        C until the topics collapse (docs/FEDNMF.md, "A hazard"). False is the paper's update.
     """
 
     n_topics: int = 50
@@ -105,7 +103,7 @@ class NMFParams:
     tau: float = 5.0
     critic_aggregation: str = "fedavg"
     transform_max_iter: int = 200
-    rescale_doc_topic: bool = False
+    mi_keeps_scale: bool = False
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -124,6 +122,8 @@ class NMFParams:
             raise ValueError("lr: expected a number > 0")
         if self.mi_weight < 0:
             raise ValueError("mi_weight: expected a number >= 0")
+        if self.mi_keeps_scale and self.optimizer != "sgd":
+            raise ValueError("mi_keeps_scale: needs optimizer: sgd")
         if not self.tau > 0:
             raise ValueError("tau: expected a number > 0")
 
@@ -138,7 +138,7 @@ class NMFParams:
                       epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
                       optimizer=self.optimizer, tau=self.tau,
                       transform_max_iter=self.transform_max_iter,
-                      rescale_doc_topic=self.rescale_doc_topic, device=device,
+                      mi_keeps_scale=self.mi_keeps_scale, device=device,
                       random_state=random_state)
 
 
@@ -170,12 +170,14 @@ class SGDNMF:
     transform_max_iter : int, default 200
     critic_lr : float or None, default None
         The critic's learning rate; None: ``lr``.
-    rescale_doc_topic : bool, default False
-        After every step, scale each batch document's h by <x, hC> / ||hC||^2 (clamped at
-        0), the factor that minimizes its reconstruction error with C and h's direction
-        fixed. NMF's loss is unchanged by h -> a h, C -> C / a, so nothing else pins H's
-        scale against a term on H alone; with the MI term H otherwise grows and C shrinks
-        until SGD becomes unstable.
+    mi_keeps_scale : bool, default False
+        Take the MI term's step on H apart from the reconstruction's, after it, and rescale
+        each h back to the sum it had between the two: h1 = [h - lr B d(recon)/dh]+,
+        h = [h1 + lr B lambda dI/dh]+ * sum(h1) / sum([h1 + lr B lambda dI/dh]+), with both
+        gradients at the batch's h before the step. The critic sees h's proportions, so the
+        bound's gradient is nearly orthogonal to h, and each such step lengthens h; with
+        this option only the reconstruction sets a title's scale. No effect without the MI
+        term. Plain SGD only (``optimizer="sgd"``).
     random_state : int, default 0
         Seeds the initial factors, the critic and the batch order.
     device : str, default "cpu"
@@ -206,10 +208,12 @@ class SGDNMF:
                  batch_size: int = 32, lr: float = 0.5, optimizer: str = "sgd",
                  tau: float = 5.0, critic_hidden: tuple[int, ...] = (32, 256),
                  transform_max_iter: int = 200, critic_lr: float | None = None,
-                 rescale_doc_topic: bool = False, random_state: int = 0,
+                 mi_keeps_scale: bool = False, random_state: int = 0,
                  device: str = "cpu") -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if mi_keeps_scale and optimizer != "sgd":
+            raise ValueError("mi_keeps_scale needs optimizer='sgd'")
         self.n_topics = n_topics
         self.mi_weight = mi_weight
         self.epochs = epochs
@@ -220,7 +224,7 @@ class SGDNMF:
         self.critic_hidden = tuple(critic_hidden)
         self.transform_max_iter = transform_max_iter
         self.critic_lr = critic_lr
-        self.rescale_doc_topic = rescale_doc_topic
+        self.mi_keeps_scale = mi_keeps_scale
         self.random_state = random_state
         self.device = device
         self._gen = torch.Generator().manual_seed(random_state)
@@ -357,8 +361,11 @@ class SGDNMF:
                 recon = ((xb - hb @ self._C) ** 2).sum(dim=1).mean()
                 loss = recon
                 use_mi = self.critic_ is not None and lam > 0 and b >= 2
+                apart = use_mi and self.mi_keeps_scale
                 if use_mi:
-                    mi = self.critic_.bound(*_critic_inputs(xb, hb), self.tau)
+                    # apart: the bound's gradient on h collects in h_mi.grad, not in H's
+                    h_mi = hb.detach().requires_grad_(True) if apart else hb
+                    mi = self.critic_.bound(*_critic_inputs(xb, h_mi), self.tau)
                     loss = recon - lam * mi
                 self._opt.zero_grad(set_to_none=True)
                 self._opt_h.zero_grad(set_to_none=True)
@@ -378,8 +385,8 @@ class SGDNMF:
                 with torch.no_grad():
                     self._C.clamp_(min=0)
                     h = self._H.weight[ids].clamp(min=0)
-                    if self.rescale_doc_topic:
-                        h = h * _least_squares_scale(xb, h @ self._C)[:, None]
+                    if apart:
+                        h = _step_keeping_sums(h, h_mi.grad.mul_(-b * self.lr))
                     self._H.weight[ids] = h
                 self.n_steps_ += 1
                 total += float(recon.detach()) * b
@@ -419,13 +426,12 @@ class SGDNMF:
         return top_words(self.components_, vocab, n)
 
 
-def _least_squares_scale(x: torch.Tensor, recon: torch.Tensor) -> torch.Tensor:
-    """Per row, the a >= 0 minimizing ||x - a recon||^2: <x, recon> / ||recon||^2 (1 where
-    recon is 0, leaving such rows as they are)."""
-    norm2 = (recon * recon).sum(dim=1)
-    dot = (x * recon).sum(dim=1)
-    return torch.where(norm2 > 0, dot / norm2.clamp(min=1e-12), torch.ones_like(dot)
-                       ).clamp(min=0)
+def _step_keeping_sums(h: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """[h + step]+ rescaled, per row, to h's sum (rows whose step zeroes them stay zero)."""
+    moved = (h + step).clamp(min=0)
+    before, after = h.sum(dim=1, keepdim=True), moved.sum(dim=1, keepdim=True)
+    return moved * torch.where(after > 0, before / after.clamp(min=1e-12),
+                               torch.zeros_like(after))
 
 
 def _critic_inputs(x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

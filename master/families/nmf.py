@@ -11,7 +11,7 @@ import numpy as np
 
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
-from common.models.nmf import COMPONENTS, NMFParams, heldout_scores
+from common.models.nmf import COMPONENTS, MI_STABLE_EPOCHS, NMFParams, heldout_scores
 from common.shards import local_data, simulated, worker_seed
 from common.text import bow_matrix
 from master.families.base import Payload, ServerFamily
@@ -56,6 +56,14 @@ class NMFServer(ServerFamily):
         super().__init__(cfg, strategy)
         self.params: NMFParams = build_params(NMFParams, cfg.family_params,
                                               f"{cfg.source}: model")
+        p = self.params
+        epochs = cfg.rounds * p.local_epochs
+        if p.mi_weight > 0 and not p.mi_keeps_scale and epochs > MI_STABLE_EPOCHS:
+            log.warning("nmf: %d rounds x %d local epochs with mi_weight %g: long training with "
+                        "the MI term grows H and shrinks the topics until they collapse, the "
+                        "centralized baseline (%d epochs at once) first; set "
+                        "model.mi_keeps_scale: true to prevent it (docs/FEDNMF.md)",
+                        cfg.rounds, p.local_epochs, p.mi_weight, epochs)
 
     def check_info(self, info: Mapping[str, Any]) -> None:
         check_vocabulary_info(info)
