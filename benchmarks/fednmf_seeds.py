@@ -23,12 +23,13 @@ from the final topics (those are kept in the JSON as ``macro_f1_resolved_h``).
     python benchmarks/fednmf_seeds.py [--datasets stackoverflow,sms_spam,...]
         [--strategies fedavg,fedadagrad,fedyogi,fedadam] [--seeds 0,1,2] [--docs 3000]
         [--rounds 50] [--epochs 2] [--alpha 1] [--critic-aggregation fedavg] [--learned-h]
-        [--mi-keeps-scale] [--jobs 2]
+        [--mi-weight 1] [--mi-keeps-scale] [--jobs 2]
 
 Prints a table and writes benchmarks/results/fednmf_seeds.{json,md} (alpha 1, 2 epochs) or
 benchmarks/results/fednmf_seeds_alpha<alpha>_e<epochs>.{json,md}, with ``_critic_local`` (or
 ``_critic_strategy``) added for the other critic aggregations and ``_learned_h`` for
-``--learned-h`` and ``_keeps_scale`` for ``--mi-keeps-scale``.
+``--learned-h``, ``_lambda<lambda>`` for another ``--mi-weight`` and ``_keeps_scale`` for
+``--mi-keeps-scale``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ _CORPORA: dict[tuple[str, int], Corpus] = {}
 
 def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: int,
              epochs: int, alpha: float, critic: str, learned_h: bool = False,
-             keeps_scale: bool = False) -> tuple[float, float, float]:
+             keeps_scale: bool = False, mi_weight: float = MI_WEIGHT
+             ) -> tuple[float, float, float]:
     """macro-F1, client drift and the macro-F1 on re-solved topic weights of one federated
     run (in a pool process); with ``learned_h`` the first is scored on the clients' learned
     H (every title on some client), otherwise both F1 are the same."""
@@ -64,7 +66,7 @@ def run_cell(name: str, docs: int, strategy: str, mi: bool, seed: int, rounds: i
     corpus = _CORPORA.setdefault((name, docs), Corpus(name, docs))
     row = fed_row(corpus, strategy, 50, mi, argparse.Namespace(rounds=rounds, epochs=epochs),
                   alpha=alpha, seed=seed, critic_aggregation=critic, all_titles=learned_h,
-                  mi_keeps_scale=keeps_scale)
+                  mi_keeps_scale=keeps_scale, mi_weight=mi_weight)
     f1 = row["learned_h"]["macro_f1"] if learned_h else row["macro_f1"]
     return f1, row["client_drift"], row["macro_f1"]
 
@@ -84,6 +86,8 @@ def main() -> None:
                     help="every title (held-out ones too) lives on a client, and macro-F1 is "
                          "scored on the topic weights the clients learned (the paper's likely "
                          "protocol) instead of weights re-solved from the final topics")
+    ap.add_argument("--mi-weight", type=float, default=MI_WEIGHT,
+                    help="lambda of the +MI runs")
     ap.add_argument("--mi-keeps-scale", action="store_true",
                     help="the MI term's step on each title's topic weights keeps their sum "
                          "(the family's mi_keeps_scale)")
@@ -99,7 +103,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_cell, name, args.docs, strategy, mi, seed, args.rounds,
                                args.epochs, args.alpha, args.critic_aggregation,
-                               args.learned_h, args.mi_keeps_scale)
+                               args.learned_h, args.mi_keeps_scale, args.mi_weight)
                    for name, strategy, mi, seed in cells]
         results = [f.result() for f in futures]
     f1: dict[str, dict[str, list[float]]] = {}
@@ -119,7 +123,7 @@ def main() -> None:
              f"{args.epochs} local epochs)", "",
              f"Same titles, split and scale as fednmf_tables.py ({args.docs} titles, K = 10, "
              f"alpha = {args.alpha:g}, C = 0.2, {args.rounds} rounds x {args.epochs} local "
-             f"epochs, lambda = {MI_WEIGHT} for +MI, critic_aggregation "
+             f"epochs, lambda = {args.mi_weight:g} for +MI, critic_aggregation "
              f"{args.critic_aggregation}); seeds {seeds} change the "
              f"partition, the initial topics, the clients' initialization and batch order and "
              f"the sampled clients. {keeps}{scored}Client drift: median over the clients' "
@@ -160,6 +164,8 @@ def main() -> None:
         stem += f"_critic_{args.critic_aggregation}"
     if args.learned_h:
         stem += "_learned_h"
+    if args.mi_weight != MI_WEIGHT:
+        stem += f"_lambda{args.mi_weight:g}"
     if args.mi_keeps_scale:
         stem += "_keeps_scale"
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -172,7 +178,7 @@ def main() -> None:
                                    "learned_h": args.learned_h,
                                    "mi_keeps_scale": args.mi_keeps_scale,
                                    "macro_f1_resolved_h": resolved,
-                                   "mi_weight": MI_WEIGHT}, indent=2).encode())
+                                   "mi_weight": args.mi_weight}, indent=2).encode())
 
 
 if __name__ == "__main__":

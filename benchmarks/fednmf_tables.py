@@ -198,8 +198,8 @@ def simulate(corpus: Corpus, strategy: str, n_topics: int, mi_weight: float, rou
 
 
 def fed_row(corpus: Corpus, strategy: str, n_topics: int, mi: bool, args: argparse.Namespace,
-            **kw: Any) -> dict[str, Any]:
-    server, timing = simulate(corpus, strategy, n_topics, MI_WEIGHT if mi else 0.0,
+            mi_weight: float = MI_WEIGHT, **kw: Any) -> dict[str, Any]:
+    server, timing = simulate(corpus, strategy, n_topics, mi_weight if mi else 0.0,
                               args.rounds, args.epochs, **kw)
     vocab = server.setup_info_["vocabulary"]
     model = server.params.model()
