@@ -90,6 +90,12 @@ class NMFParams:
         mutual information of its own documents with its own critic, and only C travels.
     transform_max_iter : int, default 200
         Coordinate-descent iterations when solving for H with C fixed.
+    mi_keeps_scale : bool, default False
+        The MI term's step on each title's topic weights h keeps their sum: the term only
+        redistributes a title's weight among topics, and the reconstruction alone sets its
+        scale. With the paper's update (False) the term lengthens H and shrinks C until long
+        training collapses the topics (docs/FEDNMF.md, "Long training"). Needs
+        ``optimizer: sgd``.
     """
 
     n_topics: int = 50
