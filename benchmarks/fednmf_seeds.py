@@ -127,8 +127,7 @@ def main() -> None:
              f"{args.critic_aggregation}); seeds {seeds} change the "
              f"partition, the initial topics, the clients' initialization and batch order and "
              f"the sampled clients. {keeps}{scored}Client drift: median over the clients' "
-             f"updates of "
-             f"||C_local - C_global|| / ||C_global||. "
+             f"updates of ||C_local - C_global|| / ||C_global||. "
              f"{(time.perf_counter() - t0) / 60:.1f} min on {args.jobs} process(es) of a shared "
              f"2-core CPU.", ""]
     summary = ["## +MI minus no MI (same seed)", "",
