@@ -51,13 +51,24 @@ SETTINGS: dict[str, tuple[float, dict[str, bool]]] = {
 METRICS = ("macro_f1", "loss", "mi", "h_row_sum", "topic_norm")
 
 
+_CORPORA: dict[tuple[str, int], tuple[Corpus, Any]] = {}
+
+
+def _corpus(dataset: str, docs: int) -> tuple[Corpus, Any]:
+    """The titles and their counts over the federation's vocabulary, once per process."""
+    if (dataset, docs) not in _CORPORA:
+        corpus = Corpus(dataset, docs)
+        server, _ = simulate(corpus, "fedavg", K, 0.0, 1, 1)
+        _CORPORA[dataset, docs] = corpus, bow_matrix(corpus.dataset.texts,
+                                                     server.setup_info_["vocabulary"])
+    return _CORPORA[dataset, docs]
+
+
 def run(dataset: str, docs: int, label: str, seed: int, epochs: int, every: int
         ) -> dict[str, list[float]]:
     """One setting and seed: the metrics after every ``every`` epochs (in a pool process)."""
     torch.set_num_threads(1)
-    corpus = Corpus(dataset, docs)
-    server, _ = simulate(corpus, "fedavg", K, 0.0, 1, 1)  # the federation's vocabulary
-    X = bow_matrix(corpus.dataset.texts, server.setup_info_["vocabulary"])
+    corpus, X = _corpus(dataset, docs)
     tr, te, y = corpus.train, corpus.test, corpus.y
     lam, options = SETTINGS[label]
     model = SGDNMF(K, mi_weight=lam, random_state=seed, **options)
