@@ -17,8 +17,10 @@ lives on some client, and the SVM is trained and scored on the topic weights H t
 learned (pooled for scoring only), the paper's likely protocol, instead of weights re-solved
 from the final topics (those are kept in the JSON as ``macro_f1_resolved_h``).
 
-``--mi-keeps-scale`` gives the +MI runs the family's ``mi_keeps_scale``
-(the MI term's step on each title's topic weights keeps their sum); it does nothing without MI.
+Without ``--mi-keeps-scale`` the +MI runs take the paper's update (``mi_keeps_scale: false``),
+as the result files without ``_keeps_scale`` were measured; with it, the family's default
+``mi_keeps_scale: true`` (the MI term's step on each title's topic weights keeps their sum). It
+does nothing without MI.
 
     python benchmarks/fednmf_seeds.py [--datasets stackoverflow,sms_spam,...]
         [--strategies fedavg,fedadagrad,fedyogi,fedadam] [--seeds 0,1,2] [--docs 3000]
@@ -90,7 +92,8 @@ def main() -> None:
                     help="lambda of the +MI runs")
     ap.add_argument("--mi-keeps-scale", action="store_true",
                     help="the MI term's step on each title's topic weights keeps their sum "
-                         "(the family's mi_keeps_scale)")
+                         "(mi_keeps_scale: true, the family's default); without it, the "
+                         "paper's update")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -115,7 +118,8 @@ def main() -> None:
         drift.setdefault(name, {}).setdefault(label, []).append(d)
         resolved.setdefault(name, {}).setdefault(label, []).append(f1_resolved)
     keeps = ("The MI term's step on each title's topic weights keeps their sum "
-             "(`mi_keeps_scale`). " if args.mi_keeps_scale else "")
+             "(`mi_keeps_scale: true`). " if args.mi_keeps_scale
+             else "The MI term takes the paper's update (`mi_keeps_scale: false`). ")
     scored = ("Every title, held-out ones included, lives on a client; macro-F1 is scored on "
               "the topic weights H the clients learned (pooled for scoring only). "
               if args.learned_h else "")

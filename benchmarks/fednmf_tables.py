@@ -25,10 +25,15 @@ Scale (to finish in about 25 minutes on 2 shared CPU cores): a seeded random sub
 centralized SGD; one seed. One real cluster (``fedctl run``: a master and 10 worker processes
 over TCP loopback) is timed for the per-round time and bytes, with and without MI.
 
-    python benchmarks/fednmf_tables.py [--docs 3000] [--rounds 50] [--epochs 2] [--quick]
+The +MI runs use the family's default ``mi_keeps_scale: true``; ``--mi-paper-update`` gives
+them the paper's update instead (``mi_keeps_scale: false``, see docs/FEDNMF.md).
+
+    python benchmarks/fednmf_tables.py [--docs 3000] [--rounds 50] [--epochs 2]
+        [--mi-paper-update] [--quick]
 
 Prints the tables and writes benchmarks/results/fednmf_tables.{json,md} and
-benchmarks/results/fednmf_fig4.png.
+benchmarks/results/fednmf_fig4.png (``fednmf_tables_paper_update`` and
+``fednmf_fig4_paper_update`` with ``--mi-paper-update``).
 """
 
 from __future__ import annotations
@@ -197,6 +202,11 @@ def simulate(corpus: Corpus, strategy: str, n_topics: int, mi_weight: float, rou
     return server, out
 
 
+def mi_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The MI term's options of every +MI run of this benchmark."""
+    return {"mi_keeps_scale": not args.mi_paper_update}
+
+
 def fed_row(corpus: Corpus, strategy: str, n_topics: int, mi: bool, args: argparse.Namespace,
             mi_weight: float = MI_WEIGHT, **kw: Any) -> dict[str, Any]:
     server, timing = simulate(corpus, strategy, n_topics, mi_weight if mi else 0.0,
@@ -228,8 +238,8 @@ def centralized_rows(corpus: Corpus, vocab: list[str], n_topics: int, args: argp
                                                  max_iter=20, random_state=0).fit(Xtr),
         "NMF": lambda: NMF(n_topics, init="nndsvda", max_iter=400, random_state=0).fit(Xtr),
         "NMF+SGD": lambda: SGDNMF(n_topics, random_state=0).fit(Xtr, epochs=central_epochs),
-        "NMF+SGD+MI": lambda: SGDNMF(n_topics, mi_weight=MI_WEIGHT, random_state=0).fit(
-            Xtr, epochs=central_epochs),
+        "NMF+SGD+MI": lambda: SGDNMF(n_topics, mi_weight=MI_WEIGHT, random_state=0,
+                                     **mi_options(args)).fit(Xtr, epochs=central_epochs),
     }
     rows = {}
     for label, fit in models.items():
@@ -252,7 +262,7 @@ def tables(args: argparse.Namespace) -> dict[str, Any]:
             for strategy in STRATEGIES:
                 for mi in (False, True):
                     label = LABELS[strategy] + ("+MI" if mi else "")
-                    rows[label] = fed_row(corpus, strategy, k, mi, args)
+                    rows[label] = fed_row(corpus, strategy, k, mi, args, **mi_options(args))
             # The centralized methods use the vocabulary the federation agreed on (the same
             # training titles, so the same words).
             server, _ = simulate(corpus, "fedavg", k, 0.0, 1, 1)
@@ -260,7 +270,8 @@ def tables(args: argparse.Namespace) -> dict[str, Any]:
             rows = {**centralized_rows(corpus, vocab, k, args), **rows}
             if name == "stackoverflow" and k == 50:
                 rows[CRITIC_BY_STRATEGY] = fed_row(corpus, "fedadam", k, True, args,
-                                                   critic_aggregation="strategy")
+                                                   critic_aggregation="strategy",
+                                                   **mi_options(args))
             out[f"{name}/k={k}"] = rows
             print(f"\n## {name}, k = {k} ({len(corpus.train)} training titles, "
                   f"{time.perf_counter() - t0:.0f}s)\n")
@@ -276,13 +287,14 @@ def sweeps(args: argparse.Namespace, main: dict[str, Any]) -> dict[str, Any]:
         for strategy, mi in methods:
             label = LABELS[strategy] + ("+MI" if mi else "")
             row = (main.get("stackoverflow/k=50", {}).get(label) if alpha == 1.0 else None) \
-                or fed_row(corpus, strategy, 50, mi, args, alpha=alpha)
+                or fed_row(corpus, strategy, 50, mi, args, alpha=alpha, **mi_options(args))
             res["alpha"].setdefault(label, {})[str(alpha)] = row
     for n_clients in args.clients:
         for strategy, mi in methods:
             label = LABELS[strategy] + ("+MI" if mi else "")
             row = (main.get("stackoverflow/k=50", {}).get(label) if n_clients == 10 else None) \
-                or fed_row(corpus, strategy, 50, mi, args, n_clients=n_clients)
+                or fed_row(corpus, strategy, 50, mi, args, n_clients=n_clients,
+                           **mi_options(args))
             res["clients"].setdefault(label, {})[str(n_clients)] = row
     print("\n## Fig. 4 sweeps (stackoverflow, k = 50): macro-F1\n")
     for key, title in (("alpha", "alpha"), ("clients", "K")):
@@ -336,7 +348,7 @@ def cluster_run(mi: bool, args: argparse.Namespace, critic: str = "fedavg") -> d
                "workers": [f"w{i + 1}" for i in range(10)],
                "model": {"family": "nmf", "n_topics": 50, "mi_weight": MI_WEIGHT if mi else 0.0,
                          "local_epochs": args.epochs, "vocab_size": VOCAB_SIZE,
-                         "critic_aggregation": critic},
+                         "critic_aggregation": critic, **mi_options(args)},
                "strategy": "fedadam", "rounds": args.cluster_rounds, "client_fraction": 0.2,
                "min_workers": 10, "round_deadline": 300, "join_timeout": 300,
                "data": {"path": str(SHARED / "stackoverflow" / "stackoverflow.jsonl"),
@@ -413,15 +425,24 @@ def mi_summary(main: dict[str, Any]) -> list[str]:
     return lines
 
 
+def stems(args: argparse.Namespace) -> tuple[str, str]:
+    """File stems of the tables and of the Fig. 4 plot."""
+    suffix = "_paper_update" if args.mi_paper_update else ""
+    return f"fednmf_tables{suffix}", f"fednmf_fig4{suffix}"
+
+
 def write_results(args: argparse.Namespace, main: dict[str, Any], sweep: dict[str, Any] | None,
                   cluster: list[dict[str, Any]], elapsed: float) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
+    stem, fig = stems(args)
+    update = ("the paper's update, `mi_keeps_scale: false`" if args.mi_paper_update
+              else "`mi_keeps_scale: true`, the family's default")
     setup = (f"{args.docs} titles per dataset (seeded subset; 80 % train / 20 % test, "
              f"stratified), {VOCAB_SIZE}-word vocabulary agreed by the clients, K = 10 clients "
              f"of equal size with Dir(alpha p) labels, alpha = 1, C = 0.2, {args.rounds} rounds "
              f"x {args.epochs} local epochs, batch 32, SGD lr 0.5, lambda = {MI_WEIGHT} for +MI "
-             f"(critic averaged), FedOpt with Flower's defaults (FedAdam eta 0.1, b1 0.9, "
-             f"b2 0.99, tau 1e-3; FedYogi eta 0.01; FedAdagrad eta 0.1); centralized SGD "
+             f"(critic averaged, {update}), FedOpt with Flower's defaults (FedAdam eta 0.1, "
+             f"b1 0.9, b2 0.99, tau 1e-3; FedYogi eta 0.01; FedAdagrad eta 0.1); centralized SGD "
              f"{round(args.rounds * args.epochs * 0.2)} epochs (as many titles as the "
              f"federation sees); one seed. {os.cpu_count()} CPU cores (shared with other "
              f"work), Python {platform.python_version()}, torch {torch.__version__}, 1 thread. "
@@ -451,7 +472,7 @@ def write_results(args: argparse.Namespace, main: dict[str, Any], sweep: dict[st
            "`python benchmarks/fednmf_seeds.py` ([fednmf_seeds.md](fednmf_seeds.md)).", ""]
     if sweep:
         md += ["## Fig. 4: alpha and K sweeps (stackoverflow, k = 50), macro-F1", "",
-               "![Fig. 4](fednmf_fig4.png)", ""]
+               f"![Fig. 4]({fig}.png)", ""]
         for key, title in (("alpha", "alpha"), ("clients", "K")):
             cols = list(next(iter(sweep[key].values())))
             md.append(f"| method | {' | '.join(f'{title} = {c}' for c in cols)} |")
@@ -481,11 +502,11 @@ def write_results(args: argparse.Namespace, main: dict[str, Any], sweep: dict[st
                       f"{c['round1_broadcast_bytes']:,} | {c['first_test_loss']:.3f} -> "
                       f"{c['final_test_loss']:.3f} |")
         md.append("")
-    atomic_write_bytes(RESULTS / "fednmf_tables.md", ("\n".join(md) + "\n").encode())
+    atomic_write_bytes(RESULTS / f"{stem}.md", ("\n".join(md) + "\n").encode())
     payload = {"setup": setup, "tables": main, "sweeps": sweep, "cluster": cluster,
                "paper": {f"{d}/{m}/{k}": v for (d, m, k), v in PAPER.items()},
                "elapsed_s": elapsed}
-    atomic_write_bytes(RESULTS / "fednmf_tables.json",
+    atomic_write_bytes(RESULTS / f"{stem}.json",
                        json.dumps(payload, indent=2, default=float).encode())
 
 
@@ -501,6 +522,9 @@ def main() -> None:
     ap.add_argument("--clients", default="1,10,30,50")
     ap.add_argument("--no-sweeps", action="store_true")
     ap.add_argument("--no-cluster", action="store_true")
+    ap.add_argument("--mi-paper-update", action="store_true",
+                    help="the +MI runs take the paper's update (mi_keeps_scale: false) instead "
+                         "of the family's default")
     ap.add_argument("--quick", action="store_true",
                     help="one dataset, k = 50, 10 rounds: a smoke test of the script")
     args = ap.parse_args()
@@ -516,7 +540,7 @@ def main() -> None:
     main_tables = tables(args)
     sweep = None if args.no_sweeps else sweeps(args, main_tables)
     if sweep:
-        plot(sweep, RESULTS / "fednmf_fig4.png")
+        plot(sweep, RESULTS / f"{stems(args)[1]}.png")
     cluster = [] if args.no_cluster else [cluster_run(mi, args, critic) for mi, critic in
                                           ((False, "fedavg"), (True, "fedavg"), (True, "local"))]
     for c in cluster:
@@ -526,7 +550,7 @@ def main() -> None:
               f"update {c['update_bytes']:,} B per worker")
     elapsed = time.perf_counter() - t0
     write_results(args, main_tables, sweep, cluster, elapsed)
-    print(f"\nwrote {RESULTS / 'fednmf_tables.md'} ({elapsed / 60:.1f} min)")
+    print(f"\nwrote {RESULTS / stems(args)[0]}.md ({elapsed / 60:.1f} min)")
 
 
 if __name__ == "__main__":

@@ -211,7 +211,11 @@ def test_mi_keeps_scale_moves_h_without_changing_its_sums(
                            atol=0)  # the paper's joint step moves the sums too
     np.testing.assert_array_equal(one_step(0.0, True).doc_topic_, plain.doc_topic_)
     with pytest.raises(ValueError, match="mi_keeps_scale"):
-        SGDNMF(mi_weight=1.0, optimizer="adam", mi_keeps_scale=True)
+        SGDNMF(mi_weight=1.0, optimizer="adam")  # the default keeps the scale: plain SGD only
+    late = SGDNMF(n_topics=k, optimizer="adam")
+    late.mi_weight = 1.0
+    with pytest.raises(ValueError, match="mi_keeps_scale"):
+        late.fit(X)
 
 
 def test_mi_keeps_scale_holds_h_where_the_reconstruction_puts_it(
@@ -243,11 +247,12 @@ def test_master_warns_of_long_training_with_the_mi_term(caplog: pytest.LogCaptur
         make_server_family(cfg)
         return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
-    (line,) = warnings(mi_weight=1)
-    assert "30 rounds x 2 local epochs" in line and "mi_keeps_scale: true" in line
-    assert warnings(mi_weight=1, mi_keeps_scale=True) == []
-    assert warnings(mi_weight=0) == []
-    assert warnings(mi_weight=1, local_epochs=1) == []  # 30 epochs: within the stable range
+    (line,) = warnings(mi_weight=1, mi_keeps_scale=False)
+    assert "30 rounds x 2 local epochs" in line and "mi_keeps_scale: false" in line
+    assert warnings(mi_weight=1) == []  # the default keeps the scale
+    assert warnings(mi_weight=0, mi_keeps_scale=False) == []
+    # 30 epochs: within the range where the paper's update is stable
+    assert warnings(mi_weight=1, mi_keeps_scale=False, local_epochs=1) == []
 
 
 def test_mi_keeps_scale_through_the_config() -> None:
@@ -255,10 +260,16 @@ def test_mi_keeps_scale_through_the_config() -> None:
         "family": "nmf", "mi_weight": 1, "mi_keeps_scale": True}})
     params = build_params(NMFParams, cfg.family_params, "cluster.yaml: model")
     assert params.model().mi_keeps_scale is True
-    assert NMFParams().model().mi_keeps_scale is False  # the paper's update by default
-    for bad in ({"mi_keeps_scale": "yes"}, {"mi_keeps_scale": True, "optimizer": "adam"}):
+    assert NMFParams().model().mi_keeps_scale is True  # the default keeps the scale
+    paper = {"mi_weight": 1, "mi_keeps_scale": False}
+    assert build_params(NMFParams, paper, "cluster.yaml: model").model().mi_keeps_scale is False
+    adam = {"mi_weight": 1, "optimizer": "adam"}
+    for bad in ({"mi_keeps_scale": "yes"}, adam):
         with pytest.raises(ConfigError, match="mi_keeps_scale"):
             build_params(NMFParams, bad, "cluster.yaml: model")
+    # adam trains the MI term with the paper's update, and without the term the option is moot
+    assert build_params(NMFParams, {**adam, "mi_keeps_scale": False}, "m").optimizer == "adam"
+    assert build_params(NMFParams, {"optimizer": "adam"}, "m").mi_keeps_scale is True
 
 
 def test_arrays_travel_without_h(bow: tuple[sp.csr_matrix, list[str]]) -> None:

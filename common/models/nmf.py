@@ -90,12 +90,12 @@ class NMFParams:
         mutual information of its own documents with its own critic, and only C travels.
     transform_max_iter : int, default 200
         Coordinate-descent iterations when solving for H with C fixed.
-    mi_keeps_scale : bool, default False
+    mi_keeps_scale : bool, default True
         The MI term's step on each title's topic weights h keeps their sum: the term only
         redistributes a title's weight among topics, and the reconstruction alone sets its
-        scale. With the paper's update (False) the term lengthens H and shrinks C until long
-        training collapses the topics (docs/FEDNMF.md, "Long training"). Needs
-        ``optimizer: sgd``.
+        scale. False is the paper's update, under which the term lengthens H and shrinks C
+        until long training collapses the topics (docs/FEDNMF.md, "Long training"). With the
+        MI term, True needs ``optimizer: sgd``; set it to false to train the term with adam.
     """
 
     n_topics: int = 50
@@ -109,7 +109,7 @@ class NMFParams:
     tau: float = 5.0
     critic_aggregation: str = "fedavg"
     transform_max_iter: int = 200
-    mi_keeps_scale: bool = False
+    mi_keeps_scale: bool = True
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -128,8 +128,9 @@ class NMFParams:
             raise ValueError("lr: expected a number > 0")
         if self.mi_weight < 0:
             raise ValueError("mi_weight: expected a number >= 0")
-        if self.mi_keeps_scale and self.optimizer != "sgd":
-            raise ValueError("mi_keeps_scale: needs optimizer: sgd")
+        if self.mi_weight > 0 and self.mi_keeps_scale and self.optimizer != "sgd":
+            raise ValueError("mi_keeps_scale: true needs optimizer: sgd (set it to false to "
+                             "train the MI term with adam)")
         if not self.tau > 0:
             raise ValueError("tau: expected a number > 0")
 
@@ -176,14 +177,14 @@ class SGDNMF:
     transform_max_iter : int, default 200
     critic_lr : float or None, default None
         The critic's learning rate; None: ``lr``.
-    mi_keeps_scale : bool, default False
+    mi_keeps_scale : bool, default True
         Take the MI term's step on H apart from the reconstruction's, after it, and rescale
         each h back to the sum it had between the two: h1 = [h - lr B d(recon)/dh]+,
         h = [h1 + lr B lambda dI/dh]+ * sum(h1) / sum([h1 + lr B lambda dI/dh]+), with both
         gradients at the batch's h before the step. The critic sees h's proportions, so the
         bound's gradient is nearly orthogonal to h, and each such step lengthens h; with
         this option only the reconstruction sets a title's scale. No effect without the MI
-        term. Plain SGD only (``optimizer="sgd"``).
+        term. False is the paper's update. With the MI term, True needs ``optimizer="sgd"``.
     random_state : int, default 0
         Seeds the initial factors, the critic and the batch order.
     device : str, default "cpu"
@@ -214,12 +215,10 @@ class SGDNMF:
                  batch_size: int = 32, lr: float = 0.5, optimizer: str = "sgd",
                  tau: float = 5.0, critic_hidden: tuple[int, ...] = (32, 256),
                  transform_max_iter: int = 200, critic_lr: float | None = None,
-                 mi_keeps_scale: bool = False, random_state: int = 0,
+                 mi_keeps_scale: bool = True, random_state: int = 0,
                  device: str = "cpu") -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        if mi_keeps_scale and optimizer != "sgd":
-            raise ValueError("mi_keeps_scale needs optimizer='sgd'")
         self.n_topics = n_topics
         self.mi_weight = mi_weight
         self.epochs = epochs
@@ -233,6 +232,7 @@ class SGDNMF:
         self.mi_keeps_scale = mi_keeps_scale
         self.random_state = random_state
         self.device = device
+        self._check_keeps_scale()
         self._gen = torch.Generator().manual_seed(random_state)
         self._rng = np.random.default_rng(random_state)
         self._C: torch.Tensor | None = None  # (k, V), a leaf with grad
@@ -307,6 +307,12 @@ class SGDNMF:
             self.critic_.load_state_dict(state, strict=True)
         self._opt = None
 
+    def _check_keeps_scale(self) -> None:
+        # its MI step on H is a plain gradient step at lr B, which only matches plain SGD
+        if self.mi_weight > 0 and self.mi_keeps_scale and self.optimizer != "sgd":
+            raise ValueError("mi_keeps_scale=True needs optimizer='sgd' (pass "
+                             "mi_keeps_scale=False to train the MI term with adam)")
+
     def _init_doc_topic(self, n_docs: int, mean_count: float) -> None:
         h = np.abs(self._rng.standard_normal((n_docs, self.n_topics)))
         h *= init_scale(mean_count, self.n_topics)
@@ -339,6 +345,7 @@ class SGDNMF:
             Initial H (non-negative); default: H of the previous call if it had n_docs
             documents, else random.
         """
+        self._check_keeps_scale()  # mi_weight may have been set since __init__
         X = sp.csr_matrix(X, dtype=np.float32)
         n, v = X.shape
         mean = float(X.sum()) / max(n * v, 1)

@@ -43,8 +43,9 @@ class NMFServer(ServerFamily):
     about eta (0.1 for FedAdam) per round, while the critic's weights start near
     1/sqrt(V) ~ 0.02: stepped like C, the critic is scrambled every round and its gradients
     then push H anywhere. On 3,000 stackoverflow titles (K = 10, alpha = 1, C = 0.2, 50
-    rounds of 2 local epochs, k = 50; benchmarks/results/fednmf_tables.md) FedAdam+MI with the
-    critic stepped by FedAdam collapsed the topics (diversity 0.27, macro-F1 0.54) where the
+    rounds of 2 local epochs, k = 50, the paper's update of the MI term;
+    benchmarks/results/fednmf_tables_paper_update.md) FedAdam+MI with the critic stepped by
+    FedAdam collapsed the topics (diversity 0.27, macro-F1 0.54) where the
     averaged critic kept them (diversity 0.78, macro-F1 0.77; FedAdam without MI: 0.72,
     0.79). ``critic_aggregation: local`` sends no critic at all: the payload is C alone and
     each worker keeps the critic it trains, which nearly halves the bytes of a +MI round.
@@ -59,10 +60,11 @@ class NMFServer(ServerFamily):
         p = self.params
         epochs = cfg.rounds * p.local_epochs
         if p.mi_weight > 0 and not p.mi_keeps_scale and epochs > MI_STABLE_EPOCHS:
-            log.warning("nmf: %d rounds x %d local epochs with mi_weight %g: long training with "
-                        "the MI term grows H and shrinks the topics until they collapse, the "
-                        "centralized baseline (%d epochs at once) first; set "
-                        "model.mi_keeps_scale: true to prevent it (docs/FEDNMF.md)",
+            log.warning("nmf: %d rounds x %d local epochs with mi_weight %g and the paper's "
+                        "update (mi_keeps_scale: false): long training with it grows H and "
+                        "shrinks the topics until they collapse, the centralized baseline "
+                        "(%d epochs at once) first; the default mi_keeps_scale: true prevents "
+                        "it (docs/FEDNMF.md)",
                         cfg.rounds, p.local_epochs, p.mi_weight, epochs)
 
     def check_info(self, info: Mapping[str, Any]) -> None:
