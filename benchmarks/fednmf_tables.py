@@ -29,11 +29,11 @@ The +MI runs use the family's default ``mi_keeps_scale: true``; ``--mi-paper-upd
 them the paper's update instead (``mi_keeps_scale: false``, see docs/FEDNMF.md).
 
     python benchmarks/fednmf_tables.py [--docs 3000] [--rounds 50] [--epochs 2]
-        [--mi-paper-update] [--quick]
+        [--mi-weight 1] [--mi-paper-update] [--quick]
 
 Prints the tables and writes benchmarks/results/fednmf_tables.{json,md} and
-benchmarks/results/fednmf_fig4.png (``fednmf_tables_paper_update`` and
-``fednmf_fig4_paper_update`` with ``--mi-paper-update``).
+benchmarks/results/fednmf_fig4.png; ``_lambda<lambda>`` is added to both names for another
+``--mi-weight``, ``_paper_update`` for ``--mi-paper-update``.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def simulate(corpus: Corpus, strategy: str, n_topics: int, mi_weight: float, rou
 
 def mi_options(args: argparse.Namespace) -> dict[str, Any]:
     """The MI term's options of every +MI run of this benchmark."""
-    return {"mi_keeps_scale": not args.mi_paper_update}
+    return {"mi_weight": args.mi_weight, "mi_keeps_scale": not args.mi_paper_update}
 
 
 def fed_row(corpus: Corpus, strategy: str, n_topics: int, mi: bool, args: argparse.Namespace,
@@ -238,8 +238,8 @@ def centralized_rows(corpus: Corpus, vocab: list[str], n_topics: int, args: argp
                                                  max_iter=20, random_state=0).fit(Xtr),
         "NMF": lambda: NMF(n_topics, init="nndsvda", max_iter=400, random_state=0).fit(Xtr),
         "NMF+SGD": lambda: SGDNMF(n_topics, random_state=0).fit(Xtr, epochs=central_epochs),
-        "NMF+SGD+MI": lambda: SGDNMF(n_topics, mi_weight=MI_WEIGHT, random_state=0,
-                                     **mi_options(args)).fit(Xtr, epochs=central_epochs),
+        "NMF+SGD+MI": lambda: SGDNMF(n_topics, random_state=0, **mi_options(args)).fit(
+            Xtr, epochs=central_epochs),
     }
     rows = {}
     for label, fit in models.items():
@@ -346,9 +346,9 @@ def cluster_run(mi: bool, args: argparse.Namespace, critic: str = "fedavg") -> d
         raw = {"master": {"host": "127.0.0.1", "bind": "127.0.0.1", "pub_port": pub,
                           "rep_port": rep},
                "workers": [f"w{i + 1}" for i in range(10)],
-               "model": {"family": "nmf", "n_topics": 50, "mi_weight": MI_WEIGHT if mi else 0.0,
-                         "local_epochs": args.epochs, "vocab_size": VOCAB_SIZE,
-                         "critic_aggregation": critic, **mi_options(args)},
+               "model": {"family": "nmf", "n_topics": 50, "local_epochs": args.epochs,
+                         "vocab_size": VOCAB_SIZE, "critic_aggregation": critic,
+                         **mi_options(args), "mi_weight": args.mi_weight if mi else 0.0},
                "strategy": "fedadam", "rounds": args.cluster_rounds, "client_fraction": 0.2,
                "min_workers": 10, "round_deadline": 300, "join_timeout": 300,
                "data": {"path": str(SHARED / "stackoverflow" / "stackoverflow.jsonl"),
@@ -370,7 +370,7 @@ def cluster_run(mi: bool, args: argparse.Namespace, critic: str = "fedavg") -> d
     workers = [e for e in evs if e["event"] == "worker_round"]
     later = rounds[1:] or rounds  # round 1 includes the setup's delivery
     return {
-        "mi_weight": MI_WEIGHT if mi else 0.0, "critic": critic if mi else "-",
+        "mi_weight": args.mi_weight if mi else 0.0, "critic": critic if mi else "-",
         "rounds": len(rounds), "wall_s": wall,
         "round_s_median": float(np.median([e["duration_s"] for e in later])),
         "train_s_median": float(np.median([e["slowest_train_s"] for e in later])),
@@ -427,7 +427,8 @@ def mi_summary(main: dict[str, Any]) -> list[str]:
 
 def stems(args: argparse.Namespace) -> tuple[str, str]:
     """File stems of the tables and of the Fig. 4 plot."""
-    suffix = "_paper_update" if args.mi_paper_update else ""
+    suffix = f"_lambda{args.mi_weight:g}" if args.mi_weight != MI_WEIGHT else ""
+    suffix += "_paper_update" if args.mi_paper_update else ""
     return f"fednmf_tables{suffix}", f"fednmf_fig4{suffix}"
 
 
@@ -440,9 +441,10 @@ def write_results(args: argparse.Namespace, main: dict[str, Any], sweep: dict[st
     setup = (f"{args.docs} titles per dataset (seeded subset; 80 % train / 20 % test, "
              f"stratified), {VOCAB_SIZE}-word vocabulary agreed by the clients, K = 10 clients "
              f"of equal size with Dir(alpha p) labels, alpha = 1, C = 0.2, {args.rounds} rounds "
-             f"x {args.epochs} local epochs, batch 32, SGD lr 0.5, lambda = {MI_WEIGHT} for +MI "
-             f"(critic averaged, {update}), FedOpt with Flower's defaults (FedAdam eta 0.1, "
-             f"b1 0.9, b2 0.99, tau 1e-3; FedYogi eta 0.01; FedAdagrad eta 0.1); centralized SGD "
+             f"x {args.epochs} local epochs, batch 32, SGD lr 0.5, "
+             f"lambda = {args.mi_weight:g} for +MI (critic averaged, {update}), FedOpt with "
+             f"Flower's defaults (FedAdam eta 0.1, b1 0.9, b2 0.99, tau 1e-3; FedYogi eta "
+             f"0.01; FedAdagrad eta 0.1); centralized SGD "
              f"{round(args.rounds * args.epochs * 0.2)} epochs (as many titles as the "
              f"federation sees); one seed. {os.cpu_count()} CPU cores (shared with other "
              f"work), Python {platform.python_version()}, torch {torch.__version__}, 1 thread. "
@@ -522,6 +524,7 @@ def main() -> None:
     ap.add_argument("--clients", default="1,10,30,50")
     ap.add_argument("--no-sweeps", action="store_true")
     ap.add_argument("--no-cluster", action="store_true")
+    ap.add_argument("--mi-weight", type=float, default=MI_WEIGHT, help="lambda of the +MI runs")
     ap.add_argument("--mi-paper-update", action="store_true",
                     help="the +MI runs take the paper's update (mi_keeps_scale: false) instead "
                          "of the family's default")

@@ -43,11 +43,13 @@ class NMFServer(ServerFamily):
     about eta (0.1 for FedAdam) per round, while the critic's weights start near
     1/sqrt(V) ~ 0.02: stepped like C, the critic is scrambled every round and its gradients
     then push H anywhere. On 3,000 stackoverflow titles (K = 10, alpha = 1, C = 0.2, 50
-    rounds of 2 local epochs, k = 50, the paper's update of the MI term;
-    benchmarks/results/fednmf_tables_paper_update.md) FedAdam+MI with the critic stepped by
-    FedAdam collapsed the topics (diversity 0.27, macro-F1 0.54) where the
-    averaged critic kept them (diversity 0.78, macro-F1 0.77; FedAdam without MI: 0.72,
-    0.79). ``critic_aggregation: local`` sends no critic at all: the payload is C alone and
+    rounds of 2 local epochs, k = 50; benchmarks/results/fednmf_tables_paper_update.md), with
+    the paper's update of the MI term, FedAdam+MI with the critic stepped by FedAdam collapsed
+    the topics (diversity 0.27, macro-F1 0.54) where the averaged critic kept them (diversity
+    0.78, macro-F1 0.77; FedAdam without MI: 0.72, 0.79). With the default
+    ``mi_keeps_scale: true`` the scrambled critic can only move weight between a title's
+    topics, not grow it, and both critics give 0.79 (benchmarks/results/fednmf_tables.md).
+    ``critic_aggregation: local`` sends no critic at all: the payload is C alone and
     each worker keeps the critic it trains, which nearly halves the bytes of a +MI round.
     """
 
