@@ -41,7 +41,11 @@ class Relay(threading.Thread):
                 continue
             except OSError:  # stop() closed the listener while accept() waited
                 return
-            server = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the server has gone (a client reconnecting at the end of a run)
+                client.close()
+                continue
             threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
 
     def _pump(self, client: socket.socket, server: socket.socket) -> None:
