@@ -34,14 +34,11 @@ def setting(path: Path) -> dict[str, Any]:
     """One result file's setting and figures (older files lack the newer keys)."""
     d = json.loads(path.read_text())
     f1 = d["macro_f1"]
-    ahead = total = 0
     drift_plain, drift_mi = [], []
     for name, by in f1.items():
         for label in by:
             if label.endswith("+MI"):
                 continue
-            ahead += int(np.mean(by[label + "+MI"]) > np.mean(by[label]))
-            total += 1
             drift_plain += d["client_drift"][name][label]
             drift_mi += d["client_drift"][name][label + "+MI"]
     return {"file": path.stem, "alpha": d["alpha"], "epochs": d["epochs"],
@@ -49,7 +46,7 @@ def setting(path: Path) -> dict[str, Any]:
             "update": "keeps scale" if d.get("mi_keeps_scale") else "paper's",
             "critic": d.get("critic_aggregation", "fedavg"),
             "scored_on": "learned H" if d.get("learned_h") else "re-solved H",
-            "seeds": len(d["seeds"]), "ahead": ahead, "pairs": total,
+            "seeds": len(d["seeds"]),
             "drift": (float(np.mean(drift_plain)), float(np.mean(drift_mi))),
             **paired_differences(f1)}
 
