@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fednmf_tables import RESULTS, Corpus, simulate  # noqa: E402
 
 from common.atomic import atomic_write_bytes  # noqa: E402
+from common.data.text import bow_matrix  # noqa: E402
+from common.eval.topics import svm_scores  # noqa: E402
 from common.models.nmf import SGDNMF  # noqa: E402
-from common.text import bow_matrix  # noqa: E402
-from common.topic_metrics import svm_scores  # noqa: E402
 
 K = 50
 #: label -> (lambda, further options of SGDNMF)

@@ -16,7 +16,7 @@ FedAdagrad, FedYogi and FedAdam. The federated runs are an in-process simulation
 cluster's own family code (``worker.families.nmf.NMFClient`` and
 ``master.families.nmf.NMFServer``, the pre-training exchange included) and the master's client
 sampling; only the sockets are left out. K = 10 equal-sized clients with label proportions
-from Dir(alpha p), alpha = 1 (:func:`common.partitions.dirichlet_equal`), a fraction C = 0.2 of
+from Dir(alpha p), alpha = 1 (:func:`common.data.partitions.dirichlet_equal`), a fraction C = 0.2 of
 them per round. Fig. 4 sweeps alpha and K for FedAvg(+MI) and FedAdam(+MI) on stackoverflow.
 
 Scale (to finish in about 25 minutes on 2 shared CPU cores): a seeded random subset of
@@ -61,13 +61,12 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 
 from common.atomic import atomic_write_bytes  # noqa: E402
 from common.config import parse_config  # noqa: E402
-from common.data import embed_texts, make_task, read_jsonl  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
-from common.models.nmf import COMPONENTS, SGDNMF  # noqa: E402
-from common.partitions import dirichlet_equal  # noqa: E402
-from common.shards import LocalData  # noqa: E402
-from common.text import bow_matrix  # noqa: E402
-from common.topic_metrics import (  # noqa: E402
+from common.data.embedding import embed_texts  # noqa: E402
+from common.data.partitions import dirichlet_equal  # noqa: E402
+from common.data.reading import make_task, read_jsonl  # noqa: E402
+from common.data.shards import LocalData  # noqa: E402
+from common.data.text import bow_matrix  # noqa: E402
+from common.eval.topics import (  # noqa: E402
     embedding_coherence,
     inverted_rbo,
     npmi_coherence,
@@ -75,7 +74,9 @@ from common.topic_metrics import (  # noqa: E402
     top_words,
     topic_diversity,
 )
-from common.transport import free_ports  # noqa: E402
+from common.models.nmf import COMPONENTS, SGDNMF  # noqa: E402
+from common.net.transport import free_ports  # noqa: E402
+from common.runlog import read_metrics  # noqa: E402
 from master.families.nmf import NMFServer  # noqa: E402
 from master.strategies import ClientResult, make_strategy  # noqa: E402
 from worker.families.nmf import NMFClient  # noqa: E402
@@ -359,7 +360,7 @@ def cluster_run(mi: bool, args: argparse.Namespace, critic: str = "fedavg") -> d
         cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
         env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "common.cli", "run", "--config", str(cfg),
+        proc = subprocess.run([sys.executable, "-m", "fedctl.cli", "run", "--config", str(cfg),
                                "--no-progress"], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=1200)
         wall = time.perf_counter() - t0

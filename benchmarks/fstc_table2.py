@@ -53,8 +53,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.clustering_metrics import clustering_metrics  # noqa: E402
-from common.data import embed_texts, partition, read_jsonl  # noqa: E402
+from common.data.embedding import embed_texts  # noqa: E402
+from common.data.partitions import partition  # noqa: E402
+from common.data.reading import read_jsonl  # noqa: E402
+from common.eval.clustering import clustering_metrics  # noqa: E402
 from common.models.fstc import FederatedFSTC, FSTCParams  # noqa: E402
 from common.models.kfed import FederatedVocabulary, KFed  # noqa: E402
 

@@ -33,11 +33,11 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.data import read_jsonl  # noqa: E402
+from common.data.reading import read_jsonl  # noqa: E402
+from common.data.text import bow_matrix, local_vocabulary, merge_vocabularies  # noqa: E402
+from common.eval.topics import npmi_coherence, top_words, topic_diversity  # noqa: E402
 from common.models.iftm import compose, merge_models, topic_normalize  # noqa: E402
 from common.models.lda_mh import LDAMH, Corpus, corpus_from_texts, heldout_log_likelihood  # noqa: E402
-from common.text import bow_matrix, local_vocabulary, merge_vocabularies  # noqa: E402
-from common.topic_metrics import npmi_coherence, top_words, topic_diversity  # noqa: E402
 
 DATA = Path("/work/shared/data")
 SOURCES = {"agnews": DATA / "agnews_8000/agnews_8000.jsonl",

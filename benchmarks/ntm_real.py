@@ -3,7 +3,7 @@
 For each dataset a seeded subset is split 80/20 into training and held-out documents; the
 training documents are shared among 3 nodes by a Dirichlet(0.5) skew over their labels (as
 ``fedctl`` does). The vocabulary is agreed as on the cluster: each node's
-:func:`common.text.local_vocabulary`, merged by :func:`common.text.merge_vocabularies`
+:func:`common.data.text.local_vocabulary`, merged by :func:`common.data.text.merge_vocabularies`
 (2000 words, min_df 2). Then, for each model:
 
 * centralized: one model on all training documents pooled, each step on the union of the
@@ -20,7 +20,7 @@ noise and dropout masks for a document at a step: one run's held-out perplexity 
 ±10 % with the draws alone on stackoverflow (same seed, same batches), far more than the 2 %
 the runs are to agree within, and common random numbers take that noise out of the
 comparison. Scores: NPMI (reference corpus: the whole subset), topic diversity, inverted RBO
-(``common.topic_metrics``) and held-out perplexity.
+(``common.eval.topics``) and held-out perplexity.
 
 Every pair is run for several training seeds (``--seeds``; the data split stays that of
 ``--seed``): one ProdLDA run's held-out perplexity moves by several percent from seed to seed,
@@ -49,15 +49,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.data import embed_texts, partition, read_jsonl  # noqa: E402
+from common.data.embedding import embed_texts  # noqa: E402
+from common.data.partitions import partition  # noqa: E402
+from common.data.reading import read_jsonl  # noqa: E402
+from common.data.text import bow_matrix, local_vocabulary, merge_vocabularies  # noqa: E402
+from common.eval.topics import inverted_rbo, npmi_coherence, topic_diversity  # noqa: E402
 from common.models.ntm import (  # noqa: E402
     CONTEXT_SIZE,
     NTMParams,
     simulate_sync,
     simulate_union,
 )
-from common.text import bow_matrix, local_vocabulary, merge_vocabularies  # noqa: E402
-from common.topic_metrics import inverted_rbo, npmi_coherence, topic_diversity  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DATASETS = {"stackoverflow": Path("/work/shared/data/stackoverflow/stackoverflow.jsonl"),

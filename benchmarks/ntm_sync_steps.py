@@ -36,7 +36,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.transport import free_ports  # noqa: E402
+from common.net.transport import free_ports  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -83,7 +83,7 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool) -> dict:
     cfg.write_text(yaml.safe_dump(raw))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "common.cli", "run", "--config", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "fedctl.cli", "run", "--config", str(cfg)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     total = time.perf_counter() - t0
     if proc.returncode != 0:

@@ -1,6 +1,6 @@
 """gFedNTM Fig. 3 at reduced scale: non-collaborative vs federated ProdLDA on synthetic LDA data.
 
-For each configuration a corpus is drawn (:func:`common.synthetic_lda.make_federated_lda`):
+For each configuration a corpus is drawn (:func:`fedctl.datasets.synthetic_lda.make_federated_lda`):
 L nodes, V words, K topics of which K' are shared and (K - K')/L private to each node. Then
 
 * non-collaborative: each node trains ProdLDA on its own documents alone;
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.models.ntm import NTMParams, simulate_sync  # noqa: E402
-from common.synthetic_lda import (  # noqa: E402
+from fedctl.datasets.synthetic_lda import (  # noqa: E402
     document_similarity_score,
     make_federated_lda,
     topic_similarity_score,

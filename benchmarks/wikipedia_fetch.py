@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.atomic import atomic_write_bytes  # noqa: E402
-from common.wikipedia import (  # noqa: E402
+from fedctl.datasets.wikipedia import (  # noqa: E402
     ResponseCache,
     RetryPolicy,
     WikiClient,

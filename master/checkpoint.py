@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from common.atomic import atomic_write
-from common.metrics import MetricsLog
+from common.runlog import MetricsLog
 
 log = logging.getLogger("fedctl.master")
 

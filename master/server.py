@@ -22,14 +22,14 @@ import numpy as np
 import zmq
 
 from common import constants as C
-from common import messages as M
 from common.atomic import atomic_write_bytes
-from common.compression import decompress
 from common.config import ClusterConfig
-from common.metrics import MetricsLog, read_metrics
-from common.security import server_keys, start_authenticator
-from common.transport import bind_pub, bind_rep, recv, send, send_error
-from common.wire import Message, ProtocolError
+from common.net import messages as M
+from common.net.compression import decompress
+from common.net.security import server_keys, start_authenticator
+from common.net.transport import bind_pub, bind_rep, recv, send, send_error
+from common.net.wire import Message, ProtocolError
+from common.runlog import MetricsLog, read_metrics
 from master.checkpoint import Checkpoint, CheckpointWriter
 from master.families import Payload, ServerFamily, make_server_family
 from master.report import comparison_rows, format_table

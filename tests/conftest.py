@@ -1,7 +1,7 @@
 """Fixtures for the multi-process tests: free ports, cluster configs, real `fedctl` processes.
 
 Everything here is real: `fedctl master` / `fedctl worker` / `fedctl run` run as separate Python
-processes (``python -m common.cli``) talking ZeroMQ over TCP loopback, on the bundled
+processes (``python -m fedctl.cli``) talking ZeroMQ over TCP loopback, on the bundled
 dbpedia_10k file and the real sentence-transformer model. Embedding costs ~17 ms per text on a
 CPU, so configs keep ``data.limit`` at 600 and share one session-wide embedding cache, filled
 once by the ``embed_cache`` fixture, so that no process ever embeds again.
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from common.transport import free_ports
+from common.net.transport import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
@@ -82,7 +82,7 @@ def config_dict(out_dir: Path, cache_dir: Path | str, workers: int | list[str] =
 def embed_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A session-wide embedding cache holding the 600 documents every config uses."""
     from common.config import parse_config
-    from common.shards import local_data, sentence_features
+    from common.data.shards import local_data, sentence_features
 
     cache = tmp_path_factory.mktemp("embed_cache")
     cfg = parse_config(config_dict(cache / "unused-out", cache), source="<embed_cache>")
@@ -135,7 +135,7 @@ def start_worker_threads(cfg: Any, worker_ids: list[str], reports: dict[str, Any
 
 
 def fedctl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "fedctl.cli", *args]
 
 
 def run_fedctl(*args: str, timeout: float = 60, cache_dir: Path | None = None
@@ -286,7 +286,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
 
 def events(out_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The events of ``<out_dir>/metrics.jsonl`` (of one kind if given); [] if none yet."""
-    from common.metrics import read_metrics
+    from common.runlog import read_metrics
 
     path = Path(out_dir) / "metrics.jsonl"
     if not path.exists():

@@ -23,7 +23,7 @@ import yaml
 import zmq
 
 from common.constants import PROTOCOL_VERSION
-from common.wire import Message, decode, encode
+from common.net.wire import Message, decode, encode
 from tests.conftest import (
     CLASSES,
     ROOT,

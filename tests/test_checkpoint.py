@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.metrics import MetricsLog, read_metrics
+from common.runlog import MetricsLog, read_metrics
 from master.checkpoint import Checkpoint, CheckpointWriter
 
 

@@ -4,7 +4,7 @@
 a user would type in four terminals (common/local_cluster.py), so the whole-job test below also
 checks what running them by hand gives.
 
-Every test here runs real `fedctl` processes (``python -m common.cli``) over ZeroMQ on TCP
+Every test here runs real `fedctl` processes (``python -m fedctl.cli``) over ZeroMQ on TCP
 loopback, on 600 documents of the bundled dbpedia_10k file embedded with the real
 sentence-transformer model (once per session, see ``embed_cache`` in conftest.py).
 """
@@ -22,7 +22,7 @@ import pytest
 import yaml
 import zmq
 
-from common.wire import decode, encode
+from common.net.wire import decode, encode
 from tests.conftest import (
     CLASSES,
     ROOT,

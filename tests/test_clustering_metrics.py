@@ -1,11 +1,11 @@
-"""ACC under the Hungarian mapping and NMI (common.clustering_metrics)."""
+"""ACC under the Hungarian mapping and NMI (common.eval.clustering)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from common.clustering_metrics import cluster_mapping, clustering_accuracy, clustering_metrics
+from common.eval.clustering import cluster_mapping, clustering_accuracy, clustering_metrics
 
 
 def test_permuted_labelling_scores_one() -> None:

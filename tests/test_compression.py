@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.compression import Compressor, decompress
-from common.wire import ProtocolError
+from common.net.compression import Compressor, decompress
+from common.net.wire import ProtocolError
 from tests.conftest import MakeConfig, events, run_fedctl
 
 RNG = np.random.default_rng(0)

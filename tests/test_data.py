@@ -16,16 +16,9 @@ import numpy as np
 import pytest
 
 from common.atomic import atomic_save_npy, atomic_write_bytes
-from common.data import (
-    DataError,
-    TextDataset,
-    embed_texts,
-    holdout_split,
-    make_task,
-    partition,
-    read_jsonl,
-    resolve_device,
-)
+from common.data.embedding import embed_texts, resolve_device
+from common.data.partitions import holdout_split, partition
+from common.data.reading import DataError, TextDataset, make_task, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 DBPEDIA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
@@ -205,7 +198,7 @@ def test_partition_dirichlet_equal_from_the_config(tmp_path: Path) -> None:
     """`data.partition: dirichlet_equal` gives every worker the same number of documents, more
     skewed at a small alpha than at a large one."""
     from common.config import parse_config
-    from common.shards import local_data
+    from common.data.shards import local_data
 
     def top_share(alpha: float) -> float:
         cfg = parse_config({"workers": ["a", "b", "c"], "output_dir": str(tmp_path),
@@ -348,7 +341,8 @@ _CHILD = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s %(message)s")
 logging.getLogger("fedctl.data").setLevel(logging.DEBUG)  # progress=False logs at DEBUG
-from common.data import embed_texts, read_jsonl
+from common.data.embedding import embed_texts
+from common.data.reading import read_jsonl
 texts = read_jsonl(sys.argv[1]).texts[100:112]
 emb = embed_texts(texts, cache_dir=sys.argv[2], progress=False)
 print(emb.shape[0], emb.shape[1], float(emb.sum()))

@@ -20,7 +20,7 @@ import pytest
 import yaml
 import zmq
 
-from common.wire import decode, encode
+from common.net.wire import decode, encode
 from tests.conftest import MakeConfig, Procs, config_dict, events, wait_for
 
 pytestmark = pytest.mark.slow
@@ -47,8 +47,8 @@ def _final_f1(cfg_path: Path) -> float:
     """Macro-F1 of the final model on every document of the job (all workers' rows): one
     common set of 600, large enough that one document is not a point of F1."""
     from common.config import load_config
+    from common.data.shards import local_data, sentence_features
     from common.models.mlp import MLPParams
-    from common.shards import local_data, sentence_features
 
     cfg = load_config(cfg_path)
     data = local_data(cfg, "w1")

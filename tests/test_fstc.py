@@ -17,8 +17,9 @@ from sklearn.cluster import KMeans
 from sklearn.feature_extraction.text import TfidfVectorizer
 from threadpoolctl import threadpool_limits
 
-from common.clustering_metrics import clustering_accuracy
-from common.data import partition, read_jsonl
+from common.data.partitions import partition
+from common.data.reading import read_jsonl
+from common.eval.clustering import clustering_accuracy
 from common.models.fstc import (
     FederatedFSTC,
     FSTCClusterer,
@@ -188,7 +189,7 @@ def test_neighbor_view_without_texts_or_a_vocabulary_is_the_embedding() -> None:
 @pytest.fixture(scope="session")
 def subset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A session-wide embedding cache holding the 1,200 titles (filled once)."""
-    from common.data import embed_texts
+    from common.data.embedding import embed_texts
 
     cache = tmp_path_factory.mktemp("fstc_cache")
     embed_texts(read_jsonl(SUBSET).texts, cache_dir=cache, device="cpu", progress=False)
@@ -197,7 +198,7 @@ def subset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def subset(subset_cache: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    from common.data import embed_texts
+    from common.data.embedding import embed_texts
 
     ds = read_jsonl(SUBSET)
     X = embed_texts(ds.texts, cache_dir=subset_cache, progress=False)

@@ -179,7 +179,7 @@ def test_three_party_iftm_cluster_sends_each_party_its_own_model(tmp_path: Path)
 
 def test_master_checks_uploads_and_checkpoints_each_partys_model() -> None:
     from common.config import parse_config
-    from common.wire import ProtocolError
+    from common.net.wire import ProtocolError
     from master.families import make_server_family
     from master.strategies import ClientResult
 

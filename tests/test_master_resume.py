@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from common.config import load_config
-from common.wire import Message, decode, encode
+from common.net.wire import Message, decode, encode
 from master.server import Master
 from tests.conftest import MakeConfig, events, start_worker_threads
 

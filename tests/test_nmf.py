@@ -13,6 +13,8 @@ import torch
 from sklearn.decomposition import NMF
 
 from common.config import ConfigError, build_params, parse_config
+from common.data.shards import local_data, worker_seed
+from common.data.text import bow_matrix, local_vocabulary, merge_vocabularies
 from common.models.nmf import (
     COMPONENTS,
     SGDNMF,
@@ -21,9 +23,7 @@ from common.models.nmf import (
     reconstruction_loss,
 )
 from common.models.smile import SmileCritic, smile_lower_bound
-from common.shards import local_data, worker_seed
-from common.text import bow_matrix, local_vocabulary, merge_vocabularies
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 from master.families import make_server_family
 from master.strategies import ClientResult, FedAdam
 from tests.conftest import ROOT, MakeConfig, Procs, events

@@ -15,6 +15,8 @@ import scipy.sparse as sp
 
 from common.aggregate import weighted_average
 from common.config import ConfigError, build_params, load_config, parse_config
+from common.data.shards import local_data, worker_seed
+from common.data.text import bow_matrix
 from common.models.ntm import (
     NeuralTopicModel,
     NTMParams,
@@ -22,13 +24,11 @@ from common.models.ntm import (
     simulate_sync,
     simulate_union,
 )
-from common.shards import local_data, worker_seed
-from common.synthetic_lda import (
+from fedctl.datasets.synthetic_lda import (
     document_similarity_score,
     make_federated_lda,
     topic_similarity_score,
 )
-from common.text import bow_matrix
 from tests.conftest import ROOT, MakeConfig, child_env, events, fedctl_cmd, kill_tree
 
 
@@ -391,7 +391,7 @@ def _regs() -> dict:
 
 def test_master_runs_synchronized_steps_and_redoes_one_a_worker_leaves() -> None:
     from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
-    from common.wire import ProtocolError
+    from common.net.wire import ProtocolError
     from master.families.ntm import ProdLDAServer
     from master.strategies import ClientResult, make_strategy
 

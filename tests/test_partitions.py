@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.partitions import dirichlet_equal
+from common.data.partitions import dirichlet_equal
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKOVERFLOW = ROOT / "data" / "stackoverflow" / "stackoverflow_1500.jsonl"

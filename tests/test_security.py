@@ -14,8 +14,8 @@ import pytest
 import yaml
 import zmq
 
-from common.security import client_keys, keygen
-from common.wire import encode
+from common.net.security import client_keys, keygen
+from common.net.wire import encode
 from tests.conftest import MakeConfig, Procs, events, free_port, run_fedctl
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Cutting workers' shards out of a shared dataset (common.shards.write_shards, `fedctl data
+"""Cutting workers' shards out of a shared dataset (common.data.shards.write_shards, `fedctl data
 shard`) and checking a cluster.yaml (`fedctl check`), the two commands a real cluster's
 deployment runs before anything starts."""
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from common.config import ConfigError, load_config, parse_config
-from common.data import DataError, read_jsonl
-from common.shards import local_data, write_shards
+from common.data.reading import DataError, read_jsonl
+from common.data.shards import local_data, write_shards
 from tests.conftest import DATA, run_fedctl
 
 WORKERS = ["w1", "w2", "w3"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.text import bow_matrix, local_vocabulary, make_vectorizer, merge_vocabularies
+from common.data.text import bow_matrix, local_vocabulary, make_vectorizer, merge_vocabularies
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKOVERFLOW = ROOT / "data" / "stackoverflow" / "stackoverflow_1500.jsonl"

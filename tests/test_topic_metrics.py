@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from common.text import bow_matrix, local_vocabulary
-from common.topic_metrics import (
+from common.data.text import bow_matrix, local_vocabulary
+from common.eval.topics import (
     embedding_coherence,
     inverted_rbo,
     npmi_coherence,

@@ -16,8 +16,8 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common import messages as M
-from common.transport import (
+from common.net import messages as M
+from common.net.transport import (
     LazyPirateClient,
     PeerUnreachable,
     RemoteError,
@@ -29,7 +29,7 @@ from common.transport import (
     send_error,
     wait_readable,
 )
-from common.wire import Message, ProtocolError, encode, frames_nbytes
+from common.net.wire import Message, ProtocolError, encode, frames_nbytes
 
 ANY_PORT = "tcp://127.0.0.1:0"
 

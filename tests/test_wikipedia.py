@@ -18,10 +18,10 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from common.data import DataError, make_task, read_jsonl
-from common.data_cli import data
-from common.taxonomy import ARTICLETOPIC_LABELS, DEFAULT_TOPIC, check_topic
-from common.wikipedia import (
+from common.data.reading import DataError, make_task, read_jsonl
+from fedctl.datasets.cli import data
+from fedctl.datasets.taxonomy import ARTICLETOPIC_LABELS, DEFAULT_TOPIC, check_topic
+from fedctl.datasets.wikipedia import (
     ApiUnreachable,
     ResponseCache,
     RetryPolicy,
@@ -321,7 +321,7 @@ def test_topics_and_labels(server: WikiServer, tmp_path: Path) -> None:
 
 
 def test_topic_response_without_scores_is_a_failure(server: WikiServer) -> None:
-    from common.wikipedia import RequestFailed, parse_topic_scores
+    from fedctl.datasets.wikipedia import RequestFailed, parse_topic_scores
 
     with pytest.raises(RequestFailed, match="RevisionNotFound"):
         parse_topic_scores({"enwiki": {"scores": {"5": {"articletopic": {"error": {
@@ -522,7 +522,7 @@ def test_cli_category_and_interrupt(server: WikiServer, tmp_path: Path,
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("common.data_cli.build_dataset", interrupted)
+    monkeypatch.setattr("fedctl.datasets.cli.build_dataset", interrupted)
     out.unlink()
     result = cli(*_wiki_args(server, tmp_path, "--random", "2", "-o", str(out)))
     assert_one_line_error(result, "interrupted", "resume")
@@ -584,7 +584,7 @@ def test_cli_embed(tmp_path: Path) -> None:
     assert all(len(r["text_sha256"]) == 64 for r in index)
 
     # The cluster embeds data.path the same way: with the same cache folder it finds these.
-    from common.data import embed_texts
+    from common.data.embedding import embed_texts
 
     again = embed_texts([r["text"] for r in rows], cache_dir=tmp_path / "emb", progress=False)
     assert np.array_equal(again, X) and len(list((tmp_path / "emb").glob("*.npy"))) == 1

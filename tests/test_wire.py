@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from common.constants import MAX_HEADER_BYTES, PROTOCOL_VERSION
-from common.wire import Message, ProtocolError, check_dtype, decode, encode, frames_nbytes
+from common.net.wire import Message, ProtocolError, check_dtype, decode, encode, frames_nbytes
 
 # Every dtype the protocol carries, as numpy spells it.
 DTYPES = [

@@ -20,13 +20,13 @@ import torch
 import zmq
 
 from common import constants as C
-from common import messages as M
-from common.compression import Compressor
 from common.config import ClusterConfig
-from common.data import resolve_device
-from common.security import client_keys
-from common.shards import local_data, worker_seed
-from common.transport import (
+from common.data.embedding import resolve_device
+from common.data.shards import local_data, worker_seed
+from common.net import messages as M
+from common.net.compression import Compressor
+from common.net.security import client_keys
+from common.net.transport import (
     LazyPirateClient,
     PeerUnreachable,
     RemoteError,
@@ -34,7 +34,7 @@ from common.transport import (
     connect_sub,
     recv,
 )
-from common.wire import Message, ProtocolError
+from common.net.wire import Message, ProtocolError
 from worker.families import ClientFamily, make_client_family
 
 log = logging.getLogger("fedctl.worker")

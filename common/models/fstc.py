@@ -61,8 +61,8 @@ from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from common.clustering_metrics import cluster_mapping, clustering_metrics
-from common.metrics import classification_metrics
+from common.eval.classification import classification_metrics
+from common.eval.clustering import cluster_mapping, clustering_metrics
 from common.models.kfed import combine_centers, local_kmeans
 
 __all__ = ["VARIANTS", "ENCODERS", "INITS", "sinkhorn", "sharpen", "pseudo_labels",
@@ -616,7 +616,7 @@ class FSTCClusterer:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from sentence_transformers import SentenceTransformer
 
-            from common.data import default_model_path
+            from common.data.embedding import default_model_path
 
             st = SentenceTransformer(self.model_path or default_model_path(), device=self.device)
             st.max_seq_length = self.max_length

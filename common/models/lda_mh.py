@@ -46,8 +46,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from common.data.text import bow_matrix
 from common.privacy import laplace_noise
-from common.text import bow_matrix
 
 __all__ = ["Corpus", "LDAMH", "LDAParams", "build_alias", "alias_draw", "sample_alias",
            "rng_state", "heldout_log_likelihood", "corpus_from_texts", "corpus_from_bow",
@@ -128,7 +128,7 @@ def corpus_from_bow(X: sp.spmatrix | np.ndarray, sentences_per_doc: np.ndarray |
 
 
 def corpus_from_texts(texts: Sequence[str], vocabulary: Sequence[str]) -> Corpus:
-    """Tokens of ``texts`` over ``vocabulary`` (:func:`common.text.bow_matrix`, sentence by
+    """Tokens of ``texts`` over ``vocabulary`` (:func:`common.data.text.bow_matrix`, sentence by
     sentence; words out of the vocabulary are dropped, and a sentence's word order with them,
     which bag-of-words models never use)."""
     sentences: list[str] = []
@@ -751,7 +751,7 @@ class LDAMH:
 
     def get_topics(self, vocab: Sequence[str], n: int = 10) -> list[list[str]]:
         """Each topic's ``n`` most probable words."""
-        from common.topic_metrics import top_words
+        from common.eval.topics import top_words
         return top_words(self.components_, vocab, n)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.metrics import classification_metrics
+from common.eval.classification import classification_metrics
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
 

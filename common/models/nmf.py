@@ -29,8 +29,8 @@ import torch
 from sklearn.decomposition import non_negative_factorization
 from torch import nn
 
+from common.eval.topics import svm_scores, top_words
 from common.models.smile import SmileCritic
-from common.topic_metrics import svm_scores, top_words
 
 __all__ = ["NMFParams", "SGDNMF", "init_scale", "reconstruction_loss", "heldout_scores",
            "OPTIMIZERS"]
@@ -484,7 +484,7 @@ def heldout_scores(model: SGDNMF, x_train: sp.spmatrix, y_train: np.ndarray,
     """A topic model's scores on held-out documents, what a worker reports each round.
 
     ``loss``: mean reconstruction error per test document, H solved with the topics fixed.
-    ``macro_f1``, ``accuracy``: :func:`common.topic_metrics.svm_scores` on topic weights
+    ``macro_f1``, ``accuracy``: :func:`common.eval.topics.svm_scores` on topic weights
     solved with the topics fixed for both the training and the test documents (so both come
     from the same map); absent when fewer than two classes are there to train on.
     """

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from common.aggregate import weighted_average
+from common.eval.topics import top_words
 from common.models.ntm_sync_bn import (
     N_PHASES,
     SyncBNReducer,
@@ -50,7 +51,6 @@ from common.models.ntm_sync_bn import (
     merge_moments,
     moved_running_stats,
 )
-from common.topic_metrics import top_words
 
 __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
            "simulate_sync", "simulate_union", "relative_change"]

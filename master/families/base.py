@@ -11,7 +11,7 @@ import numpy as np
 
 from common.aggregate import all_finite
 from common.config import ClusterConfig
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 from master.strategies import ClientResult, Strategy
 
 

@@ -23,10 +23,10 @@ from sklearn.cluster import KMeans
 
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
+from common.data.shards import local_data, sentence_features, simulated, worker_seed
 from common.models.fstc import FSTCClusterer, FSTCParams, aggregate_centers, score_clustering
 from common.models.kfed import combine_centers
-from common.shards import local_data, sentence_features, simulated, worker_seed
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.strategies import ClientResult, Strategy
 

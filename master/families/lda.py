@@ -12,7 +12,7 @@ import numpy as np
 from common.config import ClusterConfig, build_params
 from common.models.iftm import compose, merge_models
 from common.models.lda_mh import LDAParams
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
@@ -29,7 +29,7 @@ ROW_SUM_TOL = 1e-3
 class LDAServer(ServerFamily):
     """Master side of ``model: {family: lda}`` (and ``sentencelda``).
 
-    ``setup`` merges the vocabularies (:func:`common.text.merge_vocabularies`) and fixes each
+    ``setup`` merges the vocabularies (:func:`common.data.text.merge_vocabularies`) and fixes each
     party's number of topics (``topics_per_worker`` in sorted worker-id order, else
     ``n_topics``). Every round each party uploads k_i normalized topics; ``aggregate`` merges
     the round's uploads into the global model weighted by the parties' token counts (Alg. 3,

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig, build_params
+from common.data.shards import local_data, sentence_features, simulated, worker_seed
 from common.models.mlp import MLPParams
-from common.shards import local_data, sentence_features, simulated, worker_seed
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.strategies import Strategy
 

@@ -11,9 +11,9 @@ import numpy as np
 
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
+from common.data.shards import local_data, simulated, worker_seed
+from common.data.text import bow_matrix
 from common.models.nmf import COMPONENTS, MI_STABLE_EPOCHS, NMFParams, heldout_scores
-from common.shards import local_data, simulated, worker_seed
-from common.text import bow_matrix
 from master.families.base import Payload, ServerFamily
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
@@ -27,7 +27,7 @@ class NMFServer(ServerFamily):
     """Master side of ``model: {family: nmf}``.
 
     The pre-training exchange merges the workers' vocabularies
-    (:func:`common.text.merge_vocabularies`, ``vocab_size`` words in at least ``min_df``
+    (:func:`common.data.text.merge_vocabularies`, ``vocab_size`` words in at least ``min_df``
     documents) and draws the initial topics C with ``cfg.seed``, non-negative and scaled to
     the average count the workers reported. The payload is C (``"components"``) and, with
     ``mi_weight`` > 0, the critic (``"critic.*"``). C follows the strategy (FedAvg weighted by

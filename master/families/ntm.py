@@ -1,7 +1,7 @@
 """Federated neural topic models (gFedNTM), master side: ProdLDA and CombinedTM.
 
 Stage 1, vocabulary consensus: the workers' vocabularies with term and document frequencies
-are merged (:func:`common.text.merge_vocabularies`: union, frequencies weighted by the number
+are merged (:func:`common.data.text.merge_vocabularies`: union, frequencies weighted by the number
 of workers holding a word, ``vocab_size`` cap, ``min_df``); the master builds the network with
 ``cfg.seed`` and sends the agreed vocabulary once (``setup_info_``) and the initial weights.
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.text import merge_vocabularies
-from common.wire import ProtocolError
+from common.data.text import merge_vocabularies
+from common.net.wire import ProtocolError
 
 #: Most distinct words a worker may register.
 MAX_LOCAL_WORDS = 1_000_000
@@ -33,7 +33,7 @@ def check_vocabulary_info(info: Mapping[str, Any]) -> None:
 
 def agree_vocabulary(registrations: Mapping[str, Mapping[str, Any]], max_size: int | None,
                      min_df: int) -> list[str]:
-    """The agreed vocabulary (see :func:`common.text.merge_vocabularies`).
+    """The agreed vocabulary (see :func:`common.data.text.merge_vocabularies`).
 
     Raises
     ------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.config import ClusterConfig, ConfigError
-from common.shards import LocalData
+from common.data.shards import LocalData
 from worker.families.base import ClientFamily, FitResult
 from worker.families.fstc import FSTCClient
 from worker.families.lda import LDAClient, SentenceLDAClient

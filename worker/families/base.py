@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig
-from common.shards import LocalData
+from common.data.shards import LocalData
 
 
 @dataclass

@@ -17,9 +17,9 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from common.config import ClusterConfig, build_params
+from common.data.shards import LocalData, sentence_features
 from common.models.fstc import FSTCClusterer, FSTCParams, score_clustering
 from common.models.kfed import local_kmeans
-from common.shards import LocalData, sentence_features
 from worker.families.base import ClientFamily, FitResult
 
 #: Arrays a worker uploads every round; the model's own (``head.*``, ``encoder.*``) come last.

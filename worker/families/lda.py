@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig, build_params
+from common.data.shards import LocalData
+from common.data.text import bow_matrix, vocabulary_info
+from common.eval.topics import npmi_coherence, top_words, topic_diversity
 from common.models.iftm import topic_normalize
 from common.models.lda_mh import LDAMH, Corpus, LDAParams, corpus_from_texts, heldout_log_likelihood
-from common.shards import LocalData
-from common.text import bow_matrix, vocabulary_info
-from common.topic_metrics import npmi_coherence, top_words, topic_diversity
 from worker.families.base import ClientFamily, FitResult
 
 TOPICS = "topics"
@@ -35,7 +35,7 @@ def topic_scores(topic_word: np.ndarray, test: Corpus, reference_bow: Any, vocab
 class LDAClient(ClientFamily):
     """Worker side of ``model: {family: lda}`` (and ``sentencelda``).
 
-    Registration sends the local vocabulary (:func:`common.text.local_vocabulary`) and the
+    Registration sends the local vocabulary (:func:`common.data.text.local_vocabulary`) and the
     document count; the setup brings the agreed vocabulary, over which the worker tokenizes its
     documents (sentence by sentence). Each round's payload is this party's own composed model
     (``"topics"``, k_i x V, rows summing to one; empty in round 1) and ``meta["n_topics"]``.

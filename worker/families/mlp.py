@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig, build_params
+from common.data.shards import LocalData, sentence_features
 from common.models.mlp import MLPClassifier, MLPParams
-from common.shards import LocalData, sentence_features
 from worker.families.base import ClientFamily, FitResult
 
 

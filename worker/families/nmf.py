@@ -11,9 +11,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from common.config import ClusterConfig, build_params
+from common.data.shards import LocalData
+from common.data.text import bow_matrix, vocabulary_info
 from common.models.nmf import SGDNMF, NMFParams, heldout_scores
-from common.shards import LocalData
-from common.text import bow_matrix, vocabulary_info
 from worker.families.base import ClientFamily, FitResult
 
 
@@ -21,7 +21,7 @@ class NMFClient(ClientFamily):
     """Worker side of ``model: {family: nmf}``.
 
     Registration sends this worker's vocabulary with term and document frequencies
-    (:func:`common.text.local_vocabulary`); the setup brings the agreed vocabulary
+    (:func:`common.data.text.local_vocabulary`); the setup brings the agreed vocabulary
     (``setup["vocabulary"]``), over which the worker counts its documents. Each round it loads
     the topics C (and the MI critic) from the payload, runs the local epochs on its own
     documents with its own topic weights H, which persist across rounds and never leave the

@@ -1,8 +1,8 @@
 """Federated neural topic models (gFedNTM), worker side: ProdLDA and CombinedTM.
 
 Registration sends this worker's vocabulary with term and document frequencies
-(:func:`common.text.vocabulary_info`), as the NMF family does; the setup brings the agreed
-vocabulary, over which the worker counts its documents (:func:`common.text.bow_matrix`).
+(:func:`common.data.text.vocabulary_info`), as the NMF family does; the setup brings the agreed
+vocabulary, over which the worker counts its documents (:func:`common.data.text.bow_matrix`).
 
 ``mode: sync``: each round is one step. The worker loads the global weights, takes its next
 mini-batch (its own seeded order, a fresh permutation every epoch) and uploads the gradient of
@@ -26,11 +26,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from common.config import ClusterConfig, build_params
+from common.data.shards import LocalData, sentence_features
+from common.data.text import bow_matrix, vocabulary_info
+from common.eval.topics import inverted_rbo, npmi_coherence, svm_scores, topic_diversity
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
 from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
-from common.shards import LocalData, sentence_features
-from common.text import bow_matrix, vocabulary_info
-from common.topic_metrics import inverted_rbo, npmi_coherence, svm_scores, topic_diversity
 from worker.families.base import ClientFamily, FitResult
 
 
@@ -166,7 +166,7 @@ class ProdLDAClient(ClientFamily):
 
 class CombinedTMClient(ProdLDAClient):
     """Worker side of ``model: {family: combinedtm}``: the inference network also reads each
-    document's sentence embedding (:func:`common.shards.sentence_features`, cached)."""
+    document's sentence embedding (:func:`common.data.shards.sentence_features`, cached)."""
 
     name = "combinedtm"
     contextual_size = CONTEXT_SIZE

@@ -50,7 +50,7 @@ import numpy as np
 import yaml
 
 from common.config import ClusterConfig, config_to_dict, load_config
-from common.transport import free_ports
+from common.net.transport import free_ports
 
 SECTIONS = ("centralized", "anatomy", "scaling", "compression")
 THREAD_WORKERS_FROM = 30  # N at or above which workers run as threads of this process
@@ -134,8 +134,8 @@ def seed_subset_cache(cfg: ClusterConfig) -> None:
     if cfg.data.limit is None or not cfg.workers:
         return
     from common.atomic import atomic_save_npy
-    from common.data import _cache_key, _default_cache_dir, default_model_path
-    from common.shards import local_data
+    from common.data.embedding import _cache_key, _default_cache_dir, default_model_path
+    from common.data.shards import local_data
 
     model = cfg.data.embedding_model or default_model_path()
     folder = Path(cfg.data.cache_dir) if cfg.data.cache_dir else _default_cache_dir()
@@ -239,7 +239,7 @@ def _spawn(args: list[str], log: Path, threads: int, profile: Path | None = None
            ) -> subprocess.Popen:
     fh = open(log, "wb")  # noqa: SIM115 - owned by the child
     prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
-    return subprocess.Popen([sys.executable, *prof, "-m", "common.cli", *args], stdout=fh,
+    return subprocess.Popen([sys.executable, *prof, "-m", "fedctl.cli", *args], stdout=fh,
                             stderr=subprocess.STDOUT, env=_child_env(threads))
 
 
@@ -291,7 +291,7 @@ def run_cluster(cfg: ClusterConfig, threads_mode: bool = False, timeout: float =
     (out / "logs").mkdir(parents=True)
     seed_subset_cache(cfg)
     if cfg.security.curve:
-        from common.security import keygen
+        from common.net.security import keygen
 
         keygen(cfg.security.keys_dir, [w.name for w in cfg.workers])
     family = SERVER_FAMILIES.get(cfg.family)
@@ -365,7 +365,7 @@ def _tail(path: Path, n: int = 10) -> str:
 
 
 def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> dict[str, Any]:
-    from common.metrics import read_metrics
+    from common.runlog import read_metrics
 
     events = read_metrics(out / "metrics.jsonl")
     rounds = [e for e in events if e["event"] == "round"]
@@ -533,8 +533,8 @@ def centralized_times(cfg: ClusterConfig, threads: int) -> dict[str, Any]:
     import torch
 
     from common.config import build_params
+    from common.data.shards import local_data, sentence_features, worker_seed
     from common.models.mlp import MLPParams
-    from common.shards import local_data, sentence_features, worker_seed
 
     params = build_params(MLPParams, cfg.family_params, "model")
     shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}

@@ -1,6 +1,6 @@
 """The message catalogue: kinds, PUB topics and the fields each request body must carry.
 
-Framing lives in :mod:`common.wire`; this module says what the messages mean. The table is
+Framing lives in :mod:`common.net.wire`; this module says what the messages mean. The table is
 written out for people in docs/PROTOCOL.md.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 
 # PUB -> SUB
 ANNOUNCE = "announce"  #: master beacon: who, protocol, phase, round, version

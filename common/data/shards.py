@@ -16,15 +16,9 @@ import numpy as np
 
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, ConfigError, WorkerConfig
-from common.data import (
-    DataError,
-    TextDataset,
-    embed_texts,
-    holdout_split,
-    make_task,
-    partition,
-    read_jsonl,
-)
+from common.data.embedding import embed_texts
+from common.data.partitions import holdout_split, partition
+from common.data.reading import DataError, TextDataset, make_task, read_jsonl
 
 
 @dataclass

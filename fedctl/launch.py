@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, config_to_dict
-from common.metrics import read_metrics
+from common.runlog import read_metrics
 
 log = logging.getLogger("fedctl.run")
 
@@ -28,7 +28,7 @@ def _spawn(args: list[str], logfile: Path, threads: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false")
     fh = open(logfile, "wb")  # noqa: SIM115 - owned by the child, closed when it exits
-    return subprocess.Popen([sys.executable, "-m", "common.cli", *args], stdout=fh,
+    return subprocess.Popen([sys.executable, "-m", "fedctl.cli", *args], stdout=fh,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -53,7 +53,7 @@ def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str 
     atomic_write_bytes(config_path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode())
 
     if cfg.security.curve:  # this machine is every node: make any keys that are missing
-        from common.security import keygen
+        from common.net.security import keygen
 
         keygen(cfg.security.keys_dir, [w.name for w in cfg.workers])
     family = SERVER_FAMILIES.get(cfg.family)

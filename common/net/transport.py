@@ -1,7 +1,7 @@
 """The thin socket layer: open the four kinds of socket, send and receive messages, Lazy Pirate.
 
-Meaning lives elsewhere (:mod:`common.messages`); framing in :mod:`common.wire`. Everything here
-is small enough to read in one sitting, as the ZeroMQ guide's patterns are.
+Meaning lives elsewhere (:mod:`common.net.messages`); framing in :mod:`common.net.wire`.
+Everything here is small enough to read in one sitting, as the ZeroMQ guide's patterns are.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import zmq
 
 from common import constants as C
-from common.messages import ERROR
-from common.wire import Message, ProtocolError, decode, encode, frames_nbytes
+from common.net.messages import ERROR
+from common.net.wire import Message, ProtocolError, decode, encode, frames_nbytes
 
 log = logging.getLogger("fedctl.transport")
 
@@ -31,7 +31,7 @@ class RemoteError(RuntimeError):
     Attributes
     ----------
     code : str
-        The reply's error code (see :data:`common.messages.ERROR_CODES`).
+        The reply's error code (see :data:`common.net.messages.ERROR_CODES`).
     """
 
     def __init__(self, code: str, message: str) -> None:

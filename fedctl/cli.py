@@ -74,7 +74,7 @@ def master(config: str, workers: int | None, rounds: int | None, output: str | N
            resume: bool, log_level: str) -> None:
     """Run the master: announce, collect updates, aggregate, write results."""
     _setup_logging(log_level)
-    from common.security import SecurityError
+    from common.net.security import SecurityError
     from master.server import Master
 
     try:
@@ -128,7 +128,7 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
     _setup_logging(log_level)
     if threads:
         _limit_threads(threads)
-    from common.transport import PeerUnreachable
+    from common.net.transport import PeerUnreachable
     from worker.client import Worker
 
     if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
@@ -160,7 +160,7 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
         cfg = _load(config, workers, rounds, output)
         # Imported once the config has loaded: a bad config is reported without waiting for
         # torch and the model families to import.
-        from common.local_cluster import run_local_cluster
+        from fedctl.launch import run_local_cluster
         from master.families import make_server_family
 
         make_server_family(cfg)  # the model and strategy sections, checked before any process
@@ -185,7 +185,7 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
     node keys/master.key plus keys/workers/NAME.key_secret; then set
     `security: {mode: curve, keys_dir: keys}` in cluster.yaml.
     """
-    from common.security import keygen as write_keys
+    from common.net.security import keygen as write_keys
 
     try:
         cfg = _load(config, workers)
@@ -250,13 +250,13 @@ def bench(args: tuple[str, ...]) -> None:
 
     Options (see `fedctl bench --help`): --quick, --out DIR, --only SECTIONS, --config FILE.
     """
-    from common.bench import main as bench_main
+    from fedctl.bench.cluster import main as bench_main
 
     sys.exit(bench_main(list(args)))
 
 
 def _register_subcommands() -> None:
-    from common.data_cli import data
+    from fedctl.datasets.cli import data
 
     main.add_command(data)
 

@@ -43,8 +43,8 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from common.atomic import atomic_write_bytes
-from common.data import DataError
-from common.taxonomy import DEFAULT_TOPIC, check_topic
+from common.data.reading import DataError
+from fedctl.datasets.taxonomy import DEFAULT_TOPIC, check_topic
 
 __all__ = [
     "DEFAULT_API_URL",

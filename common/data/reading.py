@@ -1,0 +1,160 @@
+"""Reading labelled text: JSON Lines files of ``{"text": ..., "label": ...}`` and the
+targets a task makes of their labels."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("fedctl.data")
+
+TASKS = ("multiclass", "one_vs_rest")
+
+
+class DataError(ValueError):
+    """Bad input data or settings; the message is one line, meant for the user."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TextDataset:
+    """Texts and their labels, in file order.
+
+    Attributes
+    ----------
+    texts : list of str
+    labels : list of str
+        Integer labels in the file are converted with ``str()``.
+    path : Path or None, default None
+        The file the rows came from.
+    """
+
+    texts: list[str]
+    labels: list[str]
+    path: Path | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> TextDataset:
+    """Read a JSON Lines file of ``{"text": str, "label": str | int}`` objects.
+
+    Blank lines are skipped; other fields are ignored.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file to read (UTF-8).
+    limit : int or None, default None
+        If given and smaller than the number of rows, keep a seeded random subset of ``limit``
+        rows, in file order.
+    seed : int, default 0
+        Seed for the subset drawn when ``limit`` applies.
+
+    Returns
+    -------
+    TextDataset
+
+    Raises
+    ------
+    DataError
+        If the file is missing or empty, a line is not a JSON object, a field is missing or has
+        the wrong type, or ``limit`` < 1. Messages name the file and line, e.g.
+        ``data/x.jsonl:17: missing field 'text'``.
+    """
+    p = Path(path)
+    if limit is not None and limit < 1:
+        raise DataError(f"{p}: limit must be at least 1, got {limit}")
+    if not p.is_file():
+        raise DataError(f"{p}: no such file")
+
+    texts: list[str] = []
+    labels: list[str] = []
+    with p.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{p}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise DataError(f"{where}: not valid JSON") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected a JSON object with 'text' and 'label'")
+            for field in ("text", "label"):
+                if field not in row:
+                    raise DataError(f"{where}: missing field '{field}'")
+            text, label = row["text"], row["label"]
+            if not isinstance(text, str):
+                raise DataError(f"{where}: field 'text' must be a string")
+            # bool is an int subclass, but a true/false label is almost surely a mistake.
+            if isinstance(label, bool) or not isinstance(label, (str, int)):
+                raise DataError(f"{where}: field 'label' must be a string or an integer")
+            texts.append(text)
+            labels.append(str(label))
+
+    if not texts:
+        raise DataError(f"{p}: empty file (no rows)")
+
+    if limit is not None and limit < len(texts):
+        keep = np.sort(np.random.default_rng(seed).choice(len(texts), size=limit, replace=False))
+        texts = [texts[i] for i in keep]
+        labels = [labels[i] for i in keep]
+    return TextDataset(texts=texts, labels=labels, path=p)
+
+
+
+
+def make_task(
+    labels: list[str], task: str = "multiclass", positive: str | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """Turn string labels into integer targets.
+
+    Parameters
+    ----------
+    labels : list of str
+    task : str, default "multiclass"
+        ``"multiclass"``: one class per distinct label, classes sorted.
+        ``"one_vs_rest"``: classes ``["rest", positive]``; y is 1 where the label is ``positive``.
+    positive : str or None, default None
+        The positive class; required for ``"one_vs_rest"``.
+
+    Returns
+    -------
+    y : np.ndarray
+        int64 indices into ``classes``.
+    classes : list of str
+
+    Raises
+    ------
+    DataError
+        Unknown task, no labels, or a positive class that is missing or not in the data.
+    """
+    if task not in TASKS:
+        raise DataError(f"unknown task '{task}'; allowed: {', '.join(TASKS)}")
+    if len(labels) == 0:
+        raise DataError("no labels")
+    if task == "multiclass":
+        classes = sorted(set(labels))
+        index = {c: i for i, c in enumerate(classes)}
+        return np.array([index[lab] for lab in labels], dtype=np.int64), classes
+
+    if positive is None:
+        raise DataError("task 'one_vs_rest' needs a positive class")
+    positive = str(positive)
+    present = sorted(set(labels))
+    if positive not in present:
+        raise DataError(
+            f"positive class '{positive}' not in the data; labels are: {', '.join(present)}"
+        )
+    y = np.array([lab == positive for lab in labels], dtype=np.int64)
+    return y, ["rest", positive]

@@ -1,0 +1,1 @@
+"""Evaluation: classification, topic and clustering scores."""

@@ -1,0 +1,1 @@
+"""The wire: message format, catalogue, transport, CURVE security, compression."""

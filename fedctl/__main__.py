@@ -1,0 +1,5 @@
+"""``python -m fedctl``: the command line."""
+
+from fedctl.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Dataset builders and their ``fedctl data`` commands."""
