@@ -160,7 +160,7 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
         cfg = _load(config, workers, rounds, output)
         # Imported once the config has loaded: a bad config is reported without waiting for
         # torch and the model families to import.
-        from fedctl.launch import run_local_cluster
+        from fedctl.run import run_local_cluster
         from master.families import make_server_family
 
         make_server_family(cfg)  # the model and strategy sections, checked before any process

@@ -1,131 +1,159 @@
-"""`fedctl run`: a master and N workers as separate processes on this machine, over loopback.
+"""The one launcher: a master and its workers as ``fedctl`` processes on this machine.
 
-The processes are the same `fedctl master` / `fedctl worker` a user starts by hand; this module
-only launches them, shows progress from the master's metrics log, and prints the results.
+``fedctl run``, the benchmark harness and the tests all start clusters through this module,
+so they start them the same way: the same command (``python -m fedctl.cli``), the same child
+environment (unbuffered, offline, one share of the cores each, the plug-ins registered in this
+process), the same preparation (keys, the family's one-off work, the config the processes
+read) and the same clean stop.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from tqdm import tqdm
 
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, config_to_dict
-from common.runlog import read_metrics
 
-log = logging.getLogger("fedctl.run")
+__all__ = ["fedctl_command", "child_env", "spawn", "tail", "worker_threads", "LocalCluster"]
 
-
-def _spawn(args: list[str], logfile: Path, threads: int) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-               TOKENIZERS_PARALLELISM="false")
-    fh = open(logfile, "wb")  # noqa: SIM115 - owned by the child, closed when it exits
-    return subprocess.Popen([sys.executable, "-m", "fedctl.cli", *args], stdout=fh,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+STOP_GRACE_S = 10.0  # seconds a terminated process gets before it is killed
 
 
-def _tail(path: Path, n: int = 8) -> str:
+def fedctl_command(*args: str, profile: Path | None = None) -> list[str]:
+    """The command line of one ``fedctl`` process (under cProfile when ``profile`` is a path)."""
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
+    return [sys.executable, *prof, "-m", "fedctl.cli", *args]
+
+
+def child_env(cache_dir: str | Path | None = None, threads: int | None = None,
+              extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of every child: unbuffered, offline, quiet tokenizers; ``cache_dir`` is the
+    embedding cache (default: the user's); ``threads`` caps the OpenMP pool; the plug-ins registered in this process travel in ``FEDCTL_PLUGINS``, which
+    ``os.environ`` already holds."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if cache_dir is not None:
+        env["FEDCTL_CACHE_DIR"] = str(cache_dir)
+    env.update(extra or {})
+    return env
+
+
+def spawn(args: list[str], log: Path, env: Mapping[str, str] | None = None,
+          profile: Path | None = None, cwd: str | Path | None = None,
+          new_session: bool = False) -> subprocess.Popen:
+    """Start ``fedctl ARGS`` with stdout and stderr in ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as fh:  # the child holds its own descriptor once started
+        return subprocess.Popen(fedctl_command(*args, profile=profile), stdout=fh,
+                                stderr=subprocess.STDOUT, env=dict(env or child_env()),
+                                cwd=cwd, start_new_session=new_session)
+
+
+def tail(path: Path, n: int = 8) -> str:
+    """The last ``n`` lines of a log ('' when it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
 
 
-def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str = "info") -> int:
-    """Run the job; returns the exit code (0 when master and every worker succeeded)."""
-    from master.families import SERVER_FAMILIES
+def worker_threads(n_workers: int) -> int:
+    """Each worker's share of this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, n_workers))
 
-    started = time.monotonic()
-    out = Path(cfg.output_dir)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
-    if metrics_path.exists():
-        metrics_path.unlink()  # this run's log, not an earlier one's
-    config_path = out / "cluster.yaml"
-    atomic_write_bytes(config_path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode())
 
-    if cfg.security.curve:  # this machine is every node: make any keys that are missing
-        from common.net.security import keygen
+class LocalCluster:
+    """One job's processes on this machine.
 
-        keygen(cfg.security.keys_dir, [w.name for w in cfg.workers])
-    family = SERVER_FAMILIES.get(cfg.family)
-    if family is not None:
-        log.info("preparing %s (once for all %d workers)", cfg.family, len(cfg.workers))
-        family.prepare(cfg)
-    threads = max(1, (os.cpu_count() or 1) // max(1, len(cfg.workers)))
-    common_args = ["--config", str(config_path), "--log-level", log_level]
-    procs = {"master": _spawn(["master", *common_args], out / "logs" / "master.log", threads)}
-    for w in cfg.workers:
-        procs[w.name] = _spawn(["worker", *common_args, "--id", w.name, "--threads",
-                                str(threads)], out / "logs" / f"{w.name}.log", threads)
-    log.info("started master and %d worker(s); logs in %s", len(cfg.workers), out / "logs")
+    Parameters
+    ----------
+    cfg : ClusterConfig
+        The job; its ``output_dir`` receives ``cluster.yaml`` (what the processes read) and
+        ``logs/<name>.log``.
+    log_level : str, default "info"
+    profile_master : bool, default False
+        Run the master under cProfile, writing ``<output_dir>/master.prof``.
 
-    bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", disable=not progress,
-               dynamic_ncols=True)
-    code = 0
-    seen = 0
-    first_round_at = None
-    try:
-        while True:
-            time.sleep(0.1)
-            if metrics_path.exists():
-                rounds = [e for e in read_metrics(metrics_path) if e["event"] == "round"]
-                if rounds and first_round_at is None:
-                    first_round_at = time.monotonic()
-                for e in rounds[seen:]:
-                    f1 = e.get("mean_macro_f1")
-                    bar.set_postfix_str(f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
-                                        if f1 is not None else "")
-                    bar.update(1)
-                seen = max(seen, len(rounds))
-            failed = [n for n, p in procs.items() if p.poll() not in (None, 0)]
-            if failed:
-                for name in failed:
-                    log.error("%s exited with code %s:\n%s", name, procs[name].returncode,
-                              _tail(out / "logs" / f"{name}.log"))
-                code = 1
-                break
-            if all(p.poll() is not None for p in procs.values()):
-                break
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        bar.close()
-        for p in procs.values():
+    Attributes
+    ----------
+    procs : dict of str to subprocess.Popen
+        ``master`` and each worker started so far.
+    """
+
+    def __init__(self, cfg: ClusterConfig, log_level: str = "info",
+                 profile_master: bool = False) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.output_dir)
+        self.logs = self.out / "logs"
+        self.config_path = self.out / "cluster.yaml"
+        self.log_level = log_level
+        self.profile = self.out / "master.prof" if profile_master else None
+        self.threads = worker_threads(len(cfg.workers))
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def prepare(self) -> None:
+        """Write the config the processes read, make missing keys (this machine is every node)
+        and do the family's one-off work (e.g. embed the shared dataset once, with progress)."""
+        from master.families import server_family_class
+
+        self.logs.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.config_path,
+                           yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False).encode())
+        if self.cfg.security.curve:
+            from common.net.security import keygen
+
+            keygen(self.cfg.security.keys_dir, [w.name for w in self.cfg.workers])
+        server_family_class(self.cfg).prepare(self.cfg)
+
+    def _args(self) -> list[str]:
+        return ["--config", str(self.config_path), "--log-level", self.log_level]
+
+    def start_master(self) -> subprocess.Popen:
+        proc = spawn(["master", *self._args()], self.logs / "master.log",
+                     child_env(threads=self.threads), profile=self.profile, new_session=True)
+        self.procs["master"] = proc
+        return proc
+
+    def start_workers(self) -> None:
+        for w in self.cfg.workers:
+            self.procs[w.name] = spawn(
+                ["worker", *self._args(), "--id", w.name, "--threads", str(self.threads)],
+                self.logs / f"{w.name}.log", child_env(threads=self.threads), new_session=True)
+
+    def start(self) -> None:
+        """Prepared already: start the master, then every worker."""
+        self.start_master()
+        self.start_workers()
+
+    def failed(self) -> list[str]:
+        """Names of the processes that exited with an error."""
+        return [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs.values())
+
+    def failure_report(self, names: list[str], n: int = 8) -> str:
+        return "\n".join(f"{name} exited with code {self.procs[name].returncode}:\n"
+                         f"{tail(self.logs / f'{name}.log', n)}" for name in names)
+
+    def stop(self) -> None:
+        """Terminate what still runs; kill what does not stop within the grace period."""
+        for p in self.procs.values():
             if p.poll() is None:
                 p.terminate()
-        for p in procs.values():
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in self.procs.values():
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
-    if code:
-        return code
-    _print_results(out, time.monotonic() - started)
-    return 0
-
-
-def _print_results(out: Path, wall: float) -> None:
-    events = read_metrics(out / "metrics.jsonl")
-    rounds = [e for e in events if e["event"] == "round"]
-    table = (out / "comparison.md").read_text() if (out / "comparison.md").exists() else ""
-    click_echo = print
-    click_echo("")
-    click_echo(table)
-    if rounds:
-        durations = [e["duration_s"] for e in rounds]
-        overheads = [e["overhead_s"] for e in rounds]
-        training = sum(durations)
-        click_echo(f"wall time {wall:.1f} s for {len(rounds)} round(s): training {training:.2f} s, "
-                   f"median round {1000 * statistics.median(durations):.1f} ms, median overhead "
-                   f"(round - slowest worker's training) {1000 * statistics.median(overheads):.2f}"
-                   f" ms")
-    click_echo(f"model, metrics, comparison and logs in {out}")
+                p.wait()

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from common.net.transport import free_ports
+from fedctl.launch import child_env, fedctl_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
@@ -37,15 +37,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-
-def child_env(cache_dir: Path | str | None = None) -> dict[str, str]:
-    """Environment of every child process: unbuffered, offline, quiet tokenizers."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    if cache_dir is not None:
-        env["FEDCTL_CACHE_DIR"] = str(cache_dir)
-    return env
 
 
 def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -134,14 +125,10 @@ def start_worker_threads(cfg: Any, worker_ids: list[str], reports: dict[str, Any
     return threads
 
 
-def fedctl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedctl.cli", *args]
-
-
 def run_fedctl(*args: str, timeout: float = 60, cache_dir: Path | None = None
                ) -> subprocess.CompletedProcess:
     """Run ``fedctl ARGS`` to completion (bounded by ``timeout``) and capture its output."""
-    return subprocess.run(fedctl_cmd(*args), cwd=ROOT, env=child_env(cache_dir),
+    return subprocess.run(fedctl_command(*args), cwd=ROOT, env=child_env(cache_dir),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -210,7 +197,7 @@ class Procs:
     def start(self, name: str, *args: str) -> subprocess.Popen:
         fh = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all()
         self._files.append(fh)
-        proc = subprocess.Popen(fedctl_cmd(*args), cwd=ROOT, env=child_env(self.cache_dir),
+        proc = subprocess.Popen(fedctl_command(*args), cwd=ROOT, env=child_env(self.cache_dir),
                                 stdout=fh, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc

@@ -30,7 +30,7 @@ from tests.conftest import (
     child_env,
     config_dict,
     events,
-    fedctl_cmd,
+    fedctl_command,
     kill_tree,
     wait_for,
 )
@@ -94,7 +94,7 @@ def start_master(tmp: Path, rounds: int = 3, **overrides: Any) -> RawMaster:
     cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
     log = tmp / "master.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(fedctl_cmd("master", "--config", str(cfg)), cwd=ROOT,
+        proc = subprocess.Popen(fedctl_command("master", "--config", str(cfg)), cwd=ROOT,
                                 env=child_env(tmp / "cache"), stdout=fh,
                                 stderr=subprocess.STDOUT)
     m = raw["master"]

@@ -30,7 +30,7 @@ from tests.conftest import (
     Procs,
     child_env,
     events,
-    fedctl_cmd,
+    fedctl_command,
     kill_tree,
     run_fedctl,
     wait_for,
@@ -80,7 +80,7 @@ def test_fedctl_run_whole_job(tmp_path: Path, make_config: MakeConfig, embed_cac
     cfg = make_config(tmp_path, workers=3, rounds=rounds, baselines=True,
                       model={"family": "mlp", "local_epochs": 5, "lr": 0.003})
     out = tmp_path / "out"
-    proc = subprocess.Popen(fedctl_cmd("run", "--config", str(cfg), "--workers", "3"), cwd=ROOT,
+    proc = subprocess.Popen(fedctl_command("run", "--config", str(cfg), "--workers", "3"), cwd=ROOT,
                             env=child_env(embed_cache), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -292,7 +292,7 @@ def test_bad_data_setting_is_one_line_error(tmp_path: Path, make_config: MakeCon
 def test_bad_model_field_is_one_line_error(tmp_path: Path, make_config: MakeConfig,
                                            embed_cache: Path) -> None:
     cfg = make_config(tmp_path, model={"family": "mlp", "hiddn": 64})
-    proc = subprocess.Popen(fedctl_cmd("run", "--config", str(cfg), "--no-progress"), cwd=ROOT,
+    proc = subprocess.Popen(fedctl_command("run", "--config", str(cfg), "--no-progress"), cwd=ROOT,
                             env=child_env(embed_cache), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

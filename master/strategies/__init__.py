@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.plugins import STRATEGIES as STRATEGY_GROUP
+from common.plugins import PluginError, available, find
 from master.strategies.base import ClientResult, Strategy
 from master.strategies.fedadagrad import FedAdagrad
 from master.strategies.fedadam import FedAdam
@@ -17,17 +19,27 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
+def strategy_class(name: str) -> type[Strategy]:
+    """The strategy called ``name``: a built-in, else a plug-in (:mod:`common.plugins`)."""
+    cls = STRATEGIES.get(name)
+    if cls is None:
+        try:
+            cls = find(STRATEGY_GROUP, name)
+        except PluginError as exc:
+            raise ValueError(str(exc)) from None
+    if cls is None:
+        known = sorted(set(STRATEGIES) | set(available(STRATEGY_GROUP)))
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(known)})")
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ValueError(f"strategy {name!r} is not a Strategy subclass")
+    return cls
+
+
 def make_strategy(name: str, **params: Any) -> Strategy:
     """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``, ``fedadagrad``,
-    ``fedyogi``, ``fedadam``) with its keyword parameters."""
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})"
-        ) from None
-    return cls(**params)
+    ``fedyogi``, ``fedadam``, or a plug-in's) with its keyword parameters."""
+    return strategy_class(name)(**params)
 
 
-__all__ = ["ClientResult", "Strategy", "STRATEGIES", "make_strategy", "FedAvg", "MeanPooling",
-           "FedOpt", "FedAdagrad", "FedYogi", "FedAdam"]
+__all__ = ["ClientResult", "Strategy", "STRATEGIES", "strategy_class", "make_strategy", "FedAvg",
+           "MeanPooling", "FedOpt", "FedAdagrad", "FedYogi", "FedAdam"]
