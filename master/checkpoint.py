@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -22,6 +23,7 @@ import numpy as np
 
 from common.atomic import atomic_write
 from common.runlog import MetricsLog
+from master.families.base import ServerFamily
 
 log = logging.getLogger("fedctl.master")
 
@@ -188,3 +190,22 @@ class CheckpointWriter:
             self._closed = True
             self._wake.notify_all()
         self._thread.join()
+
+
+def capture(family: ServerFamily, job: Mapping[str, Any]) -> Checkpoint:
+    """A checkpoint of the job's own state ``job`` (run id, round, version, registrations,
+    sampling state, the round's events) and of everything the family holds
+    (:meth:`ServerFamily.snapshot`)."""
+    meta, arrays = family.snapshot()
+    return Checkpoint({**job, **meta}, arrays["global"], arrays["strategy"], arrays["family"])
+
+
+def restore(ckpt: Checkpoint, family: ServerFamily) -> None:
+    """Give ``family`` back what :func:`capture` took of it; raise RuntimeError when the
+    checkpoint is of another family or strategy than the configuration's."""
+    m = ckpt.meta
+    if m.get("family") != family.cfg.family or m.get("strategy") != family.strategy.name:
+        raise RuntimeError(f"the checkpoint is of {m.get('family')}/{m.get('strategy')}, the "
+                           f"config asks for {family.cfg.family}/{family.strategy.name}")
+    family.restore(m, {"global": ckpt.global_arrays, "strategy": ckpt.strategy_arrays,
+                       "family": ckpt.family_arrays})

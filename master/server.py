@@ -9,64 +9,33 @@ inside one, so a slow aggregation never holds a REQ waiting beyond its own cost.
 from __future__ import annotations
 
 import gc
-import io
-import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zmq
 
 from common import constants as C
-from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig
+from common.net import errors
 from common.net import messages as M
 from common.net.compression import decompress
 from common.net.security import server_keys, start_authenticator
 from common.net.transport import bind_pub, bind_rep, recv, send, send_error
 from common.net.wire import Message, ProtocolError
 from common.runlog import MetricsLog, read_metrics
-from master.checkpoint import Checkpoint, CheckpointWriter
+from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
-from master.report import comparison_rows, format_table
+from master.outputs import write_model, write_results
+from master.rounds import Roster, RoundState, may_close, round_events
 from master.strategies import ClientResult
 
 log = logging.getLogger("fedctl.master")
 
-JOINING, TRAINING, REPORTING, DONE = "joining", "training", "reporting", "done"
-
-
-@dataclass
-class WorkerState:
-    """What the master knows of one registered worker."""
-
-    worker_id: str
-    n_samples: int
-    device: str
-    info: dict[str, Any]
-    registered_at: float
-    last_seen: float
-    report: dict[str, Any] | None = None
-
-
-@dataclass
-class RoundState:
-    """The open round: who it was sent to, what came back, and when."""
-
-    number: int
-    started: float
-    deadline: float
-    participants: list[str] = field(default_factory=list)
-    results: dict[str, ClientResult] = field(default_factory=dict)
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    bytes_in: int = 0
-    broadcast_bytes: int = 0
-    publish_time: float = 0.0
-    last_wait_log: float = 0.0
+JOINING, TRAINING, REPORTING, DONE = M.JOINING, M.TRAINING, M.REPORTING, M.DONE
+JOIN_LOG_INTERVAL_S = 10.0  # how often waiting for workers says so
 
 
 class Master:
@@ -98,11 +67,11 @@ class Master:
         self.run_id = secrets.token_hex(4)
         # A new one at every start of the process: workers that see it change re-register.
         self.incarnation = secrets.token_hex(4)
-        self.rng = np.random.default_rng(cfg.seed)  # client sampling
         self.phase = JOINING
         self.round = 0
         self.version = 0
-        self.workers: dict[str, WorkerState] = {}
+        self.roster = Roster(cfg.heartbeat_timeout, cfg.client_fraction, cfg.seed)
+        self.workers = self.roster.workers  # by id: what the master knows of each
         self.open: RoundState | None = None
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -221,11 +190,11 @@ class Master:
         log.warning("refused request from %s: %s (%s)", worker_id, message, code)
         send_error(self.rep, code, message)
 
-    def _worker(self, msg: Message) -> WorkerState:
+    def _worker(self, msg: Message) -> Any:
         ws = self.workers.get(msg.body["worker_id"])
         if ws is None:
             raise ProtocolError(f"worker {msg.body['worker_id']!r} is not registered",
-                                code="unknown_worker")
+                                code=errors.UNKNOWN_WORKER)
         ws.last_seen = time.monotonic()
         return ws
 
@@ -234,17 +203,15 @@ class Master:
         wid = b["worker_id"]
         if self._expected and wid not in self._expected:
             raise ProtocolError(f"worker {wid!r} is not in this cluster's worker list",
-                                code="unknown_worker")
+                                code=errors.UNKNOWN_WORKER)
         if b["n_samples"] < 0:
-            raise ProtocolError("register: n_samples must be >= 0", code="bad_field")
+            raise ProtocolError("register: n_samples must be >= 0", code=errors.BAD_FIELD)
         self.family.check_info(b["info"])
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
-        now = time.monotonic()
-        rejoin = wid in self.workers
-        self.workers[wid] = WorkerState(wid, b["n_samples"], b["device"], b["info"], now, now)
+        rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
         if self._first_join is None:
-            self._first_join = now
+            self._first_join = time.monotonic()
         log.info("%s %s: %d samples on %s (%d/%d registered)",
                  "re-registered" if rejoin else "registered", wid, b["n_samples"], b["device"],
                  len(self.workers), len(self._expected) or self.cfg.min_workers)
@@ -259,9 +226,9 @@ class Master:
     def _on_fetch(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
         if self.phase == JOINING:
-            raise ProtocolError("no model yet: the cluster is still joining", code="not_ready")
+            raise ProtocolError("no model yet: the cluster is still joining", code=errors.NOT_READY)
         if self.phase == TRAINING and self.open is None:
-            raise ProtocolError(f"round {self.round} is not open yet", code="not_ready")
+            raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
         payload = self.family.payload_for(ws.worker_id)
         send(self.rep, M.MODEL, self._payload_body(payload, with_setup=True), payload.arrays)
 
@@ -282,22 +249,22 @@ class Master:
         if self.phase == TRAINING and rnd is None and b["round"] == self.round:
             # A resumed master before it reopens the round: the worker keeps its update's
             # round pending and redoes it when the round is published.
-            raise ProtocolError(f"round {self.round} is not open yet", code="not_ready")
+            raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
         if self.phase != TRAINING or rnd is None or b["round"] != rnd.number:
             raise ProtocolError(f"update for round {b['round']}, but "
                                 f"{'round ' + str(self.round) if rnd else 'no round'} is open",
-                                code="stale_round")
+                                code=errors.STALE_ROUND)
         if b["version"] != self.version:
             raise ProtocolError(f"update built on model version {b['version']}, the round "
-                                f"sent version {self.version}", code="stale_round")
+                                f"sent version {self.version}", code=errors.STALE_ROUND)
         if ws.worker_id not in rnd.participants:
             raise ProtocolError(f"{ws.worker_id} was not sampled for round {rnd.number}",
-                                code="not_selected")
+                                code=errors.NOT_SELECTED)
         if ws.worker_id in rnd.results:  # a Lazy Pirate resend: acknowledged, not recounted
             send(self.rep, M.ACK, {"round": rnd.number, "duplicate": True})
             return
         if b["n_samples"] < 1:
-            raise ProtocolError("update: n_samples must be >= 1", code="bad_field")
+            raise ProtocolError("update: n_samples must be >= 1", code=errors.BAD_FIELD)
         M.check_metrics(b["metrics"], "update.metrics")
         arrays = decompress(str(b.get("compression", "none")), msg.arrays,
                             self.family.payload_for(ws.worker_id).arrays)
@@ -345,7 +312,7 @@ class Master:
         waited = self._first_join is not None and now - self._first_join >= self.cfg.join_timeout
         if not (everyone or (not self._expected and n >= self.cfg.min_workers)
                 or (waited and n >= self.cfg.min_workers)):
-            if now - self._join_started >= 10.0:  # waiting is normal; waiting silently is not
+            if now - self._join_started >= JOIN_LOG_INTERVAL_S:  # waiting is normal; silently not
                 self._join_started = now
                 log.info("waiting for workers: %d registered (%s), min_workers=%d%s", n,
                          ", ".join(sorted(self.workers)) or "none", self.cfg.min_workers,
@@ -367,28 +334,10 @@ class Master:
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
 
-    def _alive(self, worker_id: str, now: float | None = None) -> bool:
-        """Heard from within ``heartbeat_timeout`` (workers ping every second)."""
-        now = time.monotonic() if now is None else now
-        return now - self.workers[worker_id].last_seen <= self.cfg.heartbeat_timeout
-
-    def _sample(self) -> list[str]:
-        """This round's participants: a fraction C of the registered workers, at least one.
-
-        With C = 1 every registered worker takes part (one that is down may come back within
-        the round); with C < 1 the sample is drawn among the live ones.
-        """
-        everyone = sorted(self.workers)
-        k = max(1, round(self.cfg.client_fraction * len(everyone)))
-        if k >= len(everyone):
-            return everyone
-        live = [w for w in everyone if self._alive(w)] or everyone
-        return sorted(self.rng.choice(live, size=min(k, len(live)), replace=False).tolist())
-
     def _start_round(self, now: float) -> None:
         fixed = self.family.participants()  # a step of several rounds keeps its workers
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
-                         self._sample() if fixed is None else fixed)
+                         self.roster.sample() if fixed is None else fixed)
         self.open = rnd
         first = rnd.number == 1  # the setup information rides along once
         t0 = time.perf_counter()
@@ -407,20 +356,11 @@ class Master:
     def _maybe_close_round(self, now: float) -> None:
         rnd = self.open
         assert rnd is not None
-        waiting = [w for w in rnd.participants if w not in rnd.results]
-        live = [w for w in waiting if w in self.workers and self._alive(w, now)]
-        enough = len(rnd.results) >= min(self.cfg.min_workers, len(rnd.participants))
-        # Dead participants are dropped at once rather than at the deadline.
-        if not ((not live and enough) or (now >= rnd.deadline and enough)):
-            if now >= rnd.deadline and now - rnd.last_wait_log >= 10.0:
-                rnd.last_wait_log = now
-                log.warning("round %d: deadline passed with %d update(s), min_workers=%d; "
-                            "waiting for more", rnd.number, len(rnd.results),
-                            self.cfg.min_workers)
+        if not may_close(rnd, self.roster, self.cfg.min_workers, now):
             return
-        missing = sorted(waiting)
+        missing = rnd.waiting()
         if missing:
-            dead = [w for w in missing if w not in live]
+            dead = [w for w in missing if not (w in self.roster and self.roster.alive(w, now))]
             # Millisecond rounds would repeat the same warning hundreds of times a second while
             # a worker is down: warn once per absence, the rest goes to the debug log (and every
             # round's `missing` to metrics.jsonl).
@@ -434,9 +374,7 @@ class Master:
             log.info("round %d: %s reported again", rnd.number, ", ".join(back))
             self._absent -= set(back)
         t0 = time.perf_counter()
-        # In worker order, not arrival order: the same updates always give the same sum.
-        results = [rnd.results[w] for w in sorted(rnd.results)]
-        self.family.aggregate(rnd.number, results)
+        self.family.aggregate(rnd.number, rnd.ordered_results())
         aggregate_time = time.perf_counter() - t0
         self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
@@ -475,35 +413,19 @@ class Master:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, events: list[dict[str, Any]]) -> Checkpoint:
-        family_meta, family_arrays = self.family.state()
-        meta = {
-            "events": events,
-            "run_id": self.run_id, "round": self.round, "version": self.version,
-            "setup_info": self.family.setup_info_, "global_meta": self.family.global_.meta,
-            "registrations": {w.worker_id: {"n_samples": w.n_samples, "device": w.device,
-                                            "info": w.info} for w in self.workers.values()},
-            "rng_state": self.rng.bit_generator.state, "family_meta": family_meta,
-            "family": self.cfg.family, "strategy": self.family.strategy.name,
-        }
-        return Checkpoint(meta, dict(self.family.global_.arrays), self.family.strategy.state(),
-                          family_arrays)
+        return capture(self.family, {
+            "events": events, "run_id": self.run_id, "round": self.round,
+            "version": self.version, "registrations": self.roster.registrations(),
+            "rng_state": self.roster.rng.bit_generator.state, "family": self.cfg.family,
+            "strategy": self.family.strategy.name})
 
     def _restore(self, ckpt: Checkpoint) -> None:
+        restore(ckpt, self.family)
         m = ckpt.meta
-        if m.get("family") != self.cfg.family or m.get("strategy") != self.family.strategy.name:
-            raise RuntimeError(f"the checkpoint is of {m.get('family')}/{m.get('strategy')}, "
-                               f"the config asks for {self.cfg.family}/"
-                               f"{self.family.strategy.name}")
         self.run_id = m["run_id"]
         self.version = int(m["version"])
-        self.family.setup_info_ = m["setup_info"]
-        self.family.global_ = Payload(m["global_meta"], dict(ckpt.global_arrays))
-        self.family.strategy.load_state(ckpt.strategy_arrays)
-        self.family.load_state(m["family_meta"], ckpt.family_arrays)
-        self.rng.bit_generator.state = m["rng_state"]
+        self.roster.restore(m["registrations"], m["rng_state"])
         now = time.monotonic()
-        for wid, r in m["registrations"].items():
-            self.workers[wid] = WorkerState(wid, r["n_samples"], r["device"], r["info"], now, now)
         done = int(m["round"])
         # The last round's events, if the master died between its checkpoint and its log line.
         logged = {(e.get("event"), e.get("round"), e.get("worker"))
@@ -526,52 +448,24 @@ class Master:
     def _log_round(self, rnd: RoundState, aggregate_time: float, missing: list[str]
                    ) -> list[dict[str, Any]]:
         """Log the round and return its metrics events (written with its checkpoint)."""
-        duration = time.monotonic() - rnd.started
-        slowest = max((m.get("train_time", 0.0) for m in rnd.metrics.values()), default=0.0)
-        slowest_compute = max((m.get("train_time", 0.0) + m.get("eval_time", 0.0)
-                               for m in rnd.metrics.values()), default=0.0)
-        events = [dict(event="worker_round", round=rnd.number, worker=wid,
-                       n_samples=rnd.results[wid].n_samples, **m)
-                  for wid, m in sorted(rnd.metrics.items())]
-        scores = [m["macro_f1"] for m in rnd.metrics.values() if "macro_f1" in m]
-        events.append(dict(
-            event="round", round=rnd.number, version=self.version, n_updates=len(rnd.results),
-            missing=missing, duration_s=duration, slowest_train_s=slowest,
-            overhead_s=duration - slowest, slowest_compute_s=slowest_compute,
-            comm_overhead_s=duration - slowest_compute, aggregate_s=aggregate_time,
-            publish_s=rnd.publish_time, broadcast_bytes=rnd.broadcast_bytes,
-            bytes_in=rnd.bytes_in, mean_macro_f1=float(np.mean(scores)) if scores else None,
-            participants=rnd.participants, time=time.time()))
+        events = round_events(rnd, self.version, aggregate_time, missing)
+        r = events[-1]
         log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
-                 "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), duration, slowest,
-                 1000 * (duration - slowest),
-                 f", global macro-F1 at round start {np.mean(scores):.3f}" if scores else "")
+                 "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
+                 r["slowest_train_s"], 1000 * r["overhead_s"],
+                 f", global macro-F1 at round start {r['mean_macro_f1']:.3f}"
+                 if r["mean_macro_f1"] is not None else "")
         return events
 
     def _finish(self) -> None:
         self._checkpoints.flush()  # every round's events are in the log before the summary
-        final = self.family.global_
-        buf = _npz_bytes(final.arrays)
-        atomic_write_bytes(self.out / "model.npz", buf)
-        atomic_write_bytes(self.out / "model.json", json.dumps(
-            {"family": self.cfg.family, "setup": self.family.setup_info_, "meta": final.meta,
-             "rounds": self.round,
-             "version": self.version, "run_id": self.run_id}, indent=2).encode())
-        sim = None
-        if self.cfg.baselines:
-            log.info("training the centralized baseline on the pooled data")
-            sim = self.family.simulation_baselines()
-        sim = sim or {}
-        rows = comparison_rows({w: s.report for w, s in self.workers.items()},
-                               sim.get("centralized"))
-        table = format_table(rows, sim.get("pooled"))
-        atomic_write_bytes(self.out / "comparison.md", (table + "\n").encode())
-        atomic_write_bytes(self.out / "comparison.json", json.dumps(
-            {"per_worker": rows, "pooled": sim.get("pooled")}, indent=2).encode())
-        self.summary = {"run_id": self.run_id, "rounds": self.round, "version": self.version,
-                        "workers": sorted(self.workers), "comparison": rows,
-                        "pooled": sim.get("pooled"), "errors_served": self.errors_served}
-        atomic_write_bytes(self.out / "summary.json", json.dumps(self.summary, indent=2).encode())
+        write_model(self.out, self.family, self.cfg.family, self.round, self.version,
+                    self.run_id)
+        self.summary, table = write_results(
+            self.out, self.family, {w: s.report for w, s in self.workers.items()},
+            self.cfg.baselines,
+            {"run_id": self.run_id, "rounds": self.round, "version": self.version,
+             "workers": sorted(self.workers)}, self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         log.info("results in %s\n%s", self.out, table)
         self.phase = DONE
@@ -580,8 +474,3 @@ class Master:
             self._announce()
             time.sleep(C.ANNOUNCE_INTERVAL / 2)
 
-
-def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()

@@ -23,6 +23,7 @@ from common import constants as C
 from common.config import ClusterConfig
 from common.data.embedding import resolve_device
 from common.data.shards import local_data, worker_seed
+from common.net import errors
 from common.net import messages as M
 from common.net.compression import Compressor
 from common.net.security import client_keys
@@ -63,7 +64,7 @@ class Heartbeat(threading.Thread):
                 try:
                     self.client.request(M.PING, {"worker_id": self.worker_id})
                 except RemoteError as exc:
-                    if exc.code == "unknown_worker":
+                    if exc.code == errors.UNKNOWN_WORKER:
                         self.lost.set()
                 except PeerUnreachable:
                     pass  # the master may be restarting; the main loop decides when to give up
@@ -177,7 +178,7 @@ class Worker:
         if "setup" in reply.body and not self.ready:  # joined after the pre-training exchange
             self._setup(reply.body["setup"])
         # A worker that joins mid-job starts with the round that is open now.
-        if reply.body.get("phase") == "training":
+        if reply.body.get("phase") == M.TRAINING:
             self.last_round = int(reply.body.get("round", 1)) - 1
 
     def _setup(self, setup: dict[str, Any]) -> None:
@@ -221,18 +222,18 @@ class Worker:
                 return self._finish()
             elif msg.kind == M.ANNOUNCE:
                 phase, rnd = msg.body.get("phase"), int(msg.body.get("round", 0))
-                if phase == "reporting":
+                if phase == M.REPORTING:
                     return self._finish()
-                if phase == "done":  # the master stopped waiting for reports: nothing to send
+                if phase == M.DONE:  # the master stopped waiting for reports: nothing to send
                     log.warning("%s: the job ended before this worker reported", self.worker_id)
                     return {}
-                if phase == "training" and rnd > self.last_round and msg.body.get("open", True):
+                if phase == M.TRAINING and rnd > self.last_round and msg.body.get("open", True):
                     # A round is open that never reached us on PUB: fetch it over REQ.
                     log.info("round %d announced but not received: fetching it", rnd)
                     try:
                         model = self._request(M.FETCH, {})
                     except RemoteError as exc:
-                        if exc.code != "not_ready":
+                        if exc.code != errors.NOT_READY:
                             raise
                         continue  # it closed (or the master restarted) meanwhile
                     self._train(model)
@@ -301,7 +302,7 @@ class Worker:
                      metrics.get("train_time", 0.0),
                      " (resend)" if reply.body.get("duplicate") else "")
         except RemoteError as exc:
-            if exc.code == "not_ready":
+            if exc.code == errors.NOT_READY:
                 # A resumed master that has not reopened this round yet: redo it when it does.
                 log.warning("round %d: %s; will redo it when it opens", rnd, exc)
                 return

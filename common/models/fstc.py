@@ -65,7 +65,11 @@ from common.eval.classification import classification_metrics
 from common.eval.clustering import cluster_mapping, clustering_metrics
 from common.models.kfed import combine_centers, local_kmeans
 
-__all__ = ["VARIANTS", "ENCODERS", "INITS", "sinkhorn", "sharpen", "pseudo_labels",
+#: Names of the arrays a worker uploads and the master publishes.
+CENTERS, COUNTS = "centers", "counts"
+
+__all__ = ["CENTERS", "COUNTS", "VARIANTS", "ENCODERS", "INITS", "sinkhorn", "sharpen",
+           "pseudo_labels",
            "refresh_schedule", "GaussianUniformMixture", "robust_weights", "hard_centers",
            "nearest_neighbors", "neighbor_view",
            "aggregate_centers", "FSTCParams", "FSTCClusterer", "FederatedFSTC",

@@ -49,7 +49,10 @@ import scipy.sparse as sp
 from common.data.text import bow_matrix
 from common.privacy import laplace_noise
 
-__all__ = ["Corpus", "LDAMH", "LDAParams", "build_alias", "alias_draw", "sample_alias",
+#: Name of the topic-word array the parties upload and the master publishes.
+TOPICS = "topics"
+
+__all__ = ["TOPICS", "Corpus", "LDAMH", "LDAParams", "build_alias", "alias_draw", "sample_alias",
            "rng_state", "heldout_log_likelihood", "corpus_from_texts", "corpus_from_bow",
            "split_sentences"]
 

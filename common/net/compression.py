@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.net import errors
 from common.net.wire import ProtocolError
 
 KINDS = ("none", "float16", "int8", "topk")
@@ -104,7 +105,7 @@ def decompress(kind: str, received: Mapping[str, np.ndarray], base: Mapping[str,
     if kind == "none":
         return dict(received)
     if kind not in KINDS:
-        raise ProtocolError(f"update: unknown compression {kind!r}", code="bad_field")
+        raise ProtocolError(f"update: unknown compression {kind!r}", code=errors.BAD_FIELD)
     out: dict[str, np.ndarray] = {}
     for name, ref in base.items():
         if ref.dtype.kind != "f":
@@ -123,13 +124,13 @@ def decompress(kind: str, received: Mapping[str, np.ndarray], base: Mapping[str,
                 val = _expect(received, name + _VAL, idx.shape, "f4")
                 if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= ref.size)):
                     raise ProtocolError(f"array {name!r}: top-k indices out of range",
-                                        code="shape")
+                                        code=errors.SHAPE)
                 delta = np.zeros(ref.size, np.float32)
                 delta[idx] = val
                 delta = delta.reshape(ref.shape)
         except KeyError as exc:
             raise ProtocolError(f"update: compressed array {exc.args[0]!r} is missing",
-                                code="shape") from None
+                                code=errors.SHAPE) from None
         out[name] = (ref.astype(np.float32) + delta).astype(ref.dtype)
     return out
 
@@ -139,8 +140,8 @@ def _expect(arrays: Mapping[str, np.ndarray], name: str, shape: tuple | None, dt
     a = arrays[name]
     if a.dtype != np.dtype(dtype):
         raise ProtocolError(f"array {name!r}: dtype {a.dtype}, compression needs {dtype}",
-                            code="dtype")
+                            code=errors.DTYPE)
     if shape is not None and a.shape != tuple(shape):
         raise ProtocolError(f"array {name!r}: shape {a.shape}, expected {tuple(shape)}",
-                            code="shape")
+                            code=errors.SHAPE)
     return a

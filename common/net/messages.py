@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.net.wire import ProtocolError
+from common.net import errors
+from common.net.errors import ProtocolError
+
+# The job's phases, announced by the master and followed by the workers.
+JOINING = "joining"      #: waiting for workers to register
+TRAINING = "training"    #: rounds are running
+REPORTING = "reporting"  #: training is over; collecting the workers' final reports
+DONE = "done"            #: results written; nothing more to do
+PHASES = (JOINING, TRAINING, REPORTING, DONE)
 
 # PUB -> SUB
 ANNOUNCE = "announce"  #: master beacon: who, protocol, phase, round, version
@@ -45,21 +53,8 @@ def direct_topic(worker_id: str) -> bytes:
     return b"to/" + worker_id.encode() + b"\0"
 
 
-#: Error codes of ``error`` replies.
-ERROR_CODES = (
-    "malformed",  # frames or header do not follow the format
-    "version",  # another protocol version
-    "unknown_kind",  # a kind the master does not serve
-    "bad_field",  # a body field missing or of the wrong type
-    "dtype",  # an array of the wrong dtype
-    "shape",  # an array of the wrong shape, or missing / extra arrays
-    "not_finite",  # NaN or Inf in an update
-    "unknown_worker",  # not registered, or not in the cluster's worker list
-    "stale_round",  # an update for a round that is not open
-    "not_selected",  # an update from a worker not sampled for this round
-    "not_ready",  # asked for the model before there is one
-    "rejected",  # refused by the model family (its own reason follows)
-)
+#: Error codes of ``error`` replies: :mod:`common.net.errors`.
+ERROR_CODES = errors.ERROR_CODES
 
 _NUM = (int, float)
 
@@ -89,17 +84,17 @@ def check_metrics(metrics: Any, where: str) -> dict[str, float]:
     """
     if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
         raise ProtocolError(f"{where}: expected a map of at most {MAX_METRICS} numbers",
-                            code="bad_field")
+                            code=errors.BAD_FIELD)
     for k, v in metrics.items():
         if not isinstance(k, str) or not 0 < len(k) <= 64 or not k.isprintable():
             raise ProtocolError(f"{where}: metric names must be 1-64 printable characters",
-                                code="bad_field")
+                                code=errors.BAD_FIELD)
         if k in RESERVED_METRICS:
-            raise ProtocolError(f"{where}: metric name {k!r} is reserved", code="bad_field")
+            raise ProtocolError(f"{where}: metric name {k!r} is reserved", code=errors.BAD_FIELD)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
                 float("inf"), float("-inf")):
             raise ProtocolError(f"{where}: metric {k!r} must be a finite number",
-                                code="bad_field")
+                                code=errors.BAD_FIELD)
     return metrics
 
 
@@ -111,7 +106,7 @@ def check_report(report: dict[str, Any]) -> None:
     for key in ("n_train", "n_test", "version"):
         v = report.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ProtocolError(f"report.{key}: expected a count", code="bad_field")
+            raise ProtocolError(f"report.{key}: expected a count", code=errors.BAD_FIELD)
 
 
 def check_request(kind: str, body: dict[str, Any]) -> None:
@@ -125,16 +120,16 @@ def check_request(kind: str, body: dict[str, Any]) -> None:
     """
     fields = REQUEST_FIELDS.get(kind)
     if fields is None:
-        raise ProtocolError(f"unknown message kind {kind!r}", code="unknown_kind")
+        raise ProtocolError(f"unknown message kind {kind!r}", code=errors.UNKNOWN_KIND)
     for name, typ in fields.items():
         value = body.get(name)
         if value is None:
-            raise ProtocolError(f"{kind}: missing field {name!r}", code="bad_field")
+            raise ProtocolError(f"{kind}: missing field {name!r}", code=errors.BAD_FIELD)
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             raise ProtocolError(
                 f"{kind}: field {name!r} should be {typ.__name__}, got {type(value).__name__}",
-                code="bad_field",
+                code=errors.BAD_FIELD,
             )
     worker_id = body["worker_id"]
     if not worker_id or len(worker_id) > 128 or "\0" in worker_id:
-        raise ProtocolError(f"{kind}: worker_id must be 1-128 characters", code="bad_field")
+        raise ProtocolError(f"{kind}: worker_id must be 1-128 characters", code=errors.BAD_FIELD)

@@ -26,26 +26,12 @@ import msgpack
 import numpy as np
 
 from common.constants import MAX_ARRAYS, MAX_HEADER_BYTES, PROTOCOL_VERSION
+from common.net import errors
+from common.net.errors import ProtocolError
 
 # Fixed-size dtypes only: 'O' (object) would need pickling and 'V' (void/structured) can smuggle
 # objects, so neither is ever accepted.
 _DTYPE_RE = re.compile(r"^[<>|=]?(?:[biufc]\d{1,2}|[SU]\d{1,9}|[mM]8(?:\[\d*[a-zA-Z]{1,2}\])?)$")
-
-
-class ProtocolError(ValueError):
-    """A message that does not follow the protocol.
-
-    Parameters
-    ----------
-    message : str
-        One line saying what is wrong.
-    code : str, default "malformed"
-        Machine-readable reason, sent back in error replies (see docs/PROTOCOL.md).
-    """
-
-    def __init__(self, message: str, code: str = "malformed") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -85,13 +71,13 @@ def check_dtype(dtype: str) -> np.dtype:
         With code ``"dtype"`` for an unsupported or unsafe dtype.
     """
     if not isinstance(dtype, str) or not _DTYPE_RE.fullmatch(dtype):
-        raise ProtocolError(f"unsupported dtype {dtype!r}", code="dtype")
+        raise ProtocolError(f"unsupported dtype {dtype!r}", code=errors.DTYPE)
     try:
         dt = np.dtype(dtype)
     except (TypeError, ValueError):  # matches the pattern, but numpy has no such type ("<f3")
-        raise ProtocolError(f"unsupported dtype {dtype!r}", code="dtype") from None
+        raise ProtocolError(f"unsupported dtype {dtype!r}", code=errors.DTYPE) from None
     if dt.itemsize == 0 or dt.hasobject:
-        raise ProtocolError(f"unsupported dtype {dtype!r}", code="dtype")
+        raise ProtocolError(f"unsupported dtype {dtype!r}", code=errors.DTYPE)
     return dt
 
 
@@ -171,7 +157,7 @@ def decode(frames: Sequence[Any]) -> Message:
     if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1, 1.0 == 1
         raise ProtocolError(
             f"protocol version {version!r} not supported (this peer speaks {PROTOCOL_VERSION})",
-            code="version",
+            code=errors.VERSION,
         )
     kind, body, specs = header.get("kind"), header.get("body", {}), header.get("arrays", [])
     if not isinstance(kind, str) or not kind:
@@ -196,7 +182,7 @@ def decode(frames: Sequence[Any]) -> Message:
             raise ProtocolError(
                 f"array {name!r}: shape {tuple(shape)} of {dt.str} needs {expected} bytes, "
                 f"frame has {buf.nbytes}",
-                code="shape",
+                code=errors.SHAPE,
             )
         arr = np.frombuffer(buf, dtype=dt).reshape(shape)
         arr.flags.writeable = False  # a view of the received frame: nobody writes into it
@@ -216,7 +202,8 @@ def _check_spec(spec: Any) -> tuple[str, np.dtype, list[int]]:
         and len(shape) <= 32
         and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)
     ):
-        raise ProtocolError(f"array {name!r}: shape {shape!r} is not a list of sizes", code="shape")
+        raise ProtocolError(f"array {name!r}: shape {shape!r} is not a list of sizes",
+                            code=errors.SHAPE)
     return name, dt, shape
 
 

@@ -11,6 +11,8 @@ import numpy as np
 
 from common.aggregate import all_finite
 from common.config import ClusterConfig
+from common.data.shards import local_data, sentence_features, simulated
+from common.net import errors
 from common.net.wire import ProtocolError
 from master.strategies import ClientResult, Strategy
 
@@ -80,6 +82,25 @@ class ServerFamily(ABC):
     def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`state` returned."""
 
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        """Everything the family holds, for a checkpoint: JSON-able metadata (``setup_info``,
+        ``global_meta``, ``family_meta``) and arrays in three groups (``global``,
+        ``strategy``, ``family``). The master checkpoints through this and :meth:`restore`
+        and never writes the family's fields itself."""
+        meta, arrays = self.state()
+        return ({"setup_info": self.setup_info_, "global_meta": self.global_.meta,
+                 "family_meta": meta},
+                {"global": dict(self.global_.arrays), "strategy": self.strategy.state(),
+                 "family": dict(arrays)})
+
+    def restore(self, meta: Mapping[str, Any], arrays: Mapping[str, Mapping[str, np.ndarray]]
+                ) -> None:
+        """Take back what :meth:`snapshot` returned (``fedctl master --resume``)."""
+        self.setup_info_ = dict(meta["setup_info"])
+        self.global_ = Payload(dict(meta["global_meta"]), dict(arrays["global"]))
+        self.strategy.load_state(arrays["strategy"])
+        self.load_state(meta["family_meta"], arrays["family"])
+
     def finished(self) -> bool:
         """True to stop before ``rounds`` (e.g. the weights stopped changing); checked after
         every aggregation."""
@@ -102,7 +123,9 @@ class ServerFamily(ABC):
     def simulation_baselines(self) -> dict[str, Any] | None:
         """Baselines only a simulated cluster allows, where the master can see all the data.
 
-        Returns ``None`` (the default, and for a real deployment) or a dict with
+        The built-in families' live in :mod:`master.baselines`; a plug-in family overrides
+        this to have its own. Returns ``None`` (the default, and for a real deployment) or a
+        dict with
         ``centralized``: worker id -> scores on that worker's test split of a model trained on
         all workers' training data pooled; and ``pooled``: model name -> scores on all the
         workers' test splits together, for each worker's local-only model, the federated model
@@ -110,10 +133,18 @@ class ServerFamily(ABC):
         """
         return None
 
+    #: The workers embed their documents with the sentence model: :meth:`prepare` embeds a
+    #: simulated cluster's shared dataset once, before they start.
+    embeds_text: bool = False
+
     @classmethod
     def prepare(cls, cfg: ClusterConfig) -> None:
-        """Work worth doing once per machine before a local cluster starts (``fedctl run``):
-        e.g. embedding the shared dataset with a progress bar so every process hits the cache."""
+        """Work worth doing once per machine before a local cluster starts (``fedctl run``).
+
+        By default, for a family that :attr:`embeds_text`, embedding the shared dataset with a
+        progress bar so every process hits the cache."""
+        if cls.embeds_text and simulated(cfg):
+            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset, progress=True)
 
 
 def check_arrays(arrays: Mapping[str, np.ndarray],
@@ -124,14 +155,14 @@ def check_arrays(arrays: Mapping[str, np.ndarray],
         missing = sorted(set(expected) - set(arrays))
         extra = sorted(set(arrays) - set(expected))
         raise ProtocolError(f"arrays do not match the model: missing {missing}, "
-                            f"unexpected {extra}", code="shape")
+                            f"unexpected {extra}", code=errors.SHAPE)
     for name, (shape, dtype) in expected.items():
         a = arrays[name]
         if a.dtype != dtype:
             raise ProtocolError(f"array {name!r}: dtype {a.dtype} but the model has "
-                                f"{np.dtype(dtype)}", code="dtype")
+                                f"{np.dtype(dtype)}", code=errors.DTYPE)
         if a.shape != tuple(shape):
             raise ProtocolError(f"array {name!r}: shape {a.shape} but the model has "
-                                f"{tuple(shape)}", code="shape")
+                                f"{tuple(shape)}", code=errors.SHAPE)
         if not all_finite(a):
-            raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
+            raise ProtocolError(f"array {name!r} holds NaN or Inf", code=errors.NOT_FINITE)

@@ -23,16 +23,22 @@ from sklearn.cluster import KMeans
 
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
-from common.data.shards import local_data, sentence_features, simulated, worker_seed
-from common.models.fstc import FSTCClusterer, FSTCParams, aggregate_centers, score_clustering
+from common.data.shards import local_data, sentence_features, simulated
+from common.models.fstc import (
+    CENTERS,
+    COUNTS,
+    FSTCClusterer,
+    FSTCParams,
+    aggregate_centers,
+)
 from common.models.kfed import combine_centers
+from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
 
-CENTERS, COUNTS = "centers", "counts"
 MAX_CLUSTERS = 10_000
 
 
@@ -48,6 +54,7 @@ class FSTCServer(ServerFamily):
     """
 
     name = "fstc"
+    embeds_text = True
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
@@ -64,34 +71,35 @@ class FSTCServer(ServerFamily):
         k, dim = info.get("n_clusters"), info.get("dim")
         if not _count(k) or not 2 <= k <= MAX_CLUSTERS:
             raise ProtocolError("register.info.n_clusters: expected a cluster count >= 2",
-                                code="bad_field")
+                                code=errors.BAD_FIELD)
         if not _count(dim) or not 0 < dim <= 1 << 16:
-            raise ProtocolError("register.info.dim: expected a feature count", code="bad_field")
+            raise ProtocolError("register.info.dim: expected a feature count",
+                                code=errors.BAD_FIELD)
         if self.params.init != "kfed":
             return
         centers, counts = info.get("centers"), info.get("counts")
         if (not isinstance(centers, list) or not 0 < len(centers) <= k
                 or not all(isinstance(c, list) and len(c) == dim for c in centers)):
             raise ProtocolError(f"register.info.centers: expected at most {k} lists of {dim} "
-                                "numbers", code="bad_field")
+                                "numbers", code=errors.BAD_FIELD)
         if (not isinstance(counts, list) or len(counts) != len(centers)
                 or not all(_count(n) and n >= 0 for n in counts) or sum(counts) < 1):
             raise ProtocolError("register.info.counts: expected one count per centre",
-                                code="bad_field")
+                                code=errors.BAD_FIELD)
         try:
             arr = np.asarray(centers, dtype=np.float64)
         except (TypeError, ValueError):
             raise ProtocolError("register.info.centers: expected numbers",
-                                code="bad_field") from None
+                                code=errors.BAD_FIELD) from None
         if not np.isfinite(arr).all():
-            raise ProtocolError("register.info.centers: NaN or Inf", code="bad_field")
+            raise ProtocolError("register.info.centers: NaN or Inf", code=errors.BAD_FIELD)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         ks = {int(info["n_clusters"]) for info in registrations.values()}
         dims = {int(info["dim"]) for info in registrations.values()}
         if len(ks) != 1 or len(dims) != 1:
             raise ProtocolError(f"workers disagree on K {sorted(ks)} or the feature size "
-                                f"{sorted(dims)}", code="rejected")
+                                f"{sorted(dims)}", code=errors.REJECTED)
         (k,), (dim,) = ks, dims
         if self.params.init == "kfed":
             infos = list(registrations.values())
@@ -121,7 +129,7 @@ class FSTCServer(ServerFamily):
         if info.get("n_clusters") != self.n_clusters or info.get("dim") != self.dim:
             raise ProtocolError(f"K={info.get('n_clusters')}, dim={info.get('dim')} but the "
                                 f"model has K={self.n_clusters}, dim={self.dim}",
-                                code="rejected")
+                                code=errors.REJECTED)
 
     # ------------------------------------------------------------------ rounds
     def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -131,24 +139,24 @@ class FSTCServer(ServerFamily):
         expect = {CENTERS: (k, dim), COUNTS: (k,), "head.weight": (k, dim), "head.bias": (k,)}
         for name in (CENTERS, COUNTS):
             if name not in arrays:
-                raise ProtocolError(f"update without {name!r}", code="shape")
+                raise ProtocolError(f"update without {name!r}", code=errors.SHAPE)
         for name, a in arrays.items():
             if name not in expect and not name.startswith("encoder."):
-                raise ProtocolError(f"unexpected array {name!r}", code="shape")
+                raise ProtocolError(f"unexpected array {name!r}", code=errors.SHAPE)
             if name.startswith("encoder.") and self.params.encoder != "finetune":
-                raise ProtocolError(f"array {name!r}: the encoder is frozen", code="shape")
+                raise ProtocolError(f"array {name!r}: the encoder is frozen", code=errors.SHAPE)
             if a.dtype != np.float32:
                 raise ProtocolError(f"array {name!r}: dtype {a.dtype}, expected float32",
-                                    code="dtype")
+                                    code=errors.DTYPE)
             if name in expect and a.shape != expect[name]:
                 raise ProtocolError(f"array {name!r}: shape {a.shape}, expected "
-                                    f"{expect[name]}", code="shape")
+                                    f"{expect[name]}", code=errors.SHAPE)
             if not np.isfinite(a).all():
-                raise ProtocolError(f"array {name!r} holds NaN or Inf", code="not_finite")
+                raise ProtocolError(f"array {name!r} holds NaN or Inf", code=errors.NOT_FINITE)
         if (arrays[COUNTS] < 0).any():
-            raise ProtocolError("counts must be >= 0", code="rejected")
+            raise ProtocolError("counts must be >= 0", code=errors.REJECTED)
         if ("head.weight" in arrays) != ("head.bias" in arrays):
-            raise ProtocolError("head.weight and head.bias come together", code="shape")
+            raise ProtocolError("head.weight and head.bias come together", code=errors.SHAPE)
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with
@@ -164,45 +172,8 @@ class FSTCServer(ServerFamily):
                     r.arrays[n].shape != with_model[0].arrays[n].shape
                     for r in with_model for n in names):
                 raise ProtocolError("the workers' models differ in their arrays",
-                                    code="rejected")
+                                    code=errors.REJECTED)
             arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
                                            [r.n_samples for r in with_model]))
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
         return self.global_
-
-    # ------------------------------------------------------------------ baselines
-    def simulation_baselines(self) -> dict[str, Any] | None:
-        """Local-only, federated and centralized clusterings scored on each worker's documents
-        and on all of them (frozen encoder only: fine-tuning three more models is a GPU job)."""
-        if not simulated(self.cfg) or self.params.encoder != "frozen":
-            return None
-        cfg, p, k = self.cfg, self.params, self.n_clusters
-        shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
-        first = next(iter(shards.values()))
-        X, y = sentence_features(cfg, first.dataset), first.y
-        rows = {n: np.sort(np.concatenate([s.train_index, s.test_index]))
-                for n, s in shards.items()}
-        everything = np.concatenate(list(rows.values()))
-        budget = cfg.rounds * p.iterations
-        central = p.clusterer(k, random_state=cfg.seed, iterations=budget).fit(X[everything])
-        if "head.weight" in self.global_.arrays:
-            federated = p.clusterer(k).set_arrays(self.global_.arrays).predict(X)
-        else:  # no final model came back: the global centres' clustering
-            C = self.global_.arrays[CENTERS]
-            federated = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(axis=1)
-        central_pred = central.predict(X)
-        pooled = {}
-        for name, r in rows.items():
-            local = p.clusterer(k, random_state=worker_seed(cfg, name), iterations=budget)
-            local.fit(X[r])
-            pooled[f"local-only {name}"] = local.score(X[everything], y[everything])
-        pooled["federated"] = score_clustering(y[everything], federated[everything])
-        pooled["centralized"] = score_clustering(y[everything], central_pred[everything])
-        return {"centralized": {n: score_clustering(y[r], central_pred[r])
-                                for n, r in rows.items()},
-                "pooled": pooled}
-
-    @classmethod
-    def prepare(cls, cfg: ClusterConfig) -> None:
-        if simulated(cfg):
-            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset, progress=True)

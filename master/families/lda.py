@@ -11,7 +11,8 @@ import numpy as np
 
 from common.config import ClusterConfig, build_params
 from common.models.iftm import compose, merge_models
-from common.models.lda_mh import LDAParams
+from common.models.lda_mh import TOPICS, LDAParams
+from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
@@ -19,7 +20,6 @@ from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
 
-TOPICS = "topics"
 #: Most words one worker may put in its registration; most topics one party may upload.
 MAX_TOPICS = 1000
 #: Tolerance on the row sums of an uploaded topic-wise normalized matrix (float32 sums).
@@ -87,22 +87,22 @@ class LDAServer(ServerFamily):
     def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
         if set(arrays) != {TOPICS}:
             raise ProtocolError(f"expected exactly the array {TOPICS!r}, got {sorted(arrays)}",
-                                code="shape")
+                                code=errors.SHAPE)
         a = arrays[TOPICS]
         if a.dtype != np.float32:
-            raise ProtocolError(f"{TOPICS}: dtype {a.dtype}, expected float32", code="dtype")
+            raise ProtocolError(f"{TOPICS}: dtype {a.dtype}, expected float32", code=errors.DTYPE)
         if a.ndim != 2 or a.shape[1] != self.n_words_ or not 1 <= a.shape[0] <= MAX_TOPICS:
             raise ProtocolError(f"{TOPICS}: shape {a.shape}, expected (k, {self.n_words_}) "
-                                f"with 1 <= k <= {MAX_TOPICS}", code="shape")
+                                f"with 1 <= k <= {MAX_TOPICS}", code=errors.SHAPE)
         if not np.isfinite(a).all():
-            raise ProtocolError(f"{TOPICS} holds NaN or Inf", code="not_finite")
+            raise ProtocolError(f"{TOPICS} holds NaN or Inf", code=errors.NOT_FINITE)
         if (a < 0).any():
-            raise ProtocolError(f"{TOPICS}: negative entries", code="rejected")
+            raise ProtocolError(f"{TOPICS}: negative entries", code=errors.REJECTED)
         sums = a.sum(axis=1, dtype=np.float64)
         if np.abs(sums - 1).max() > ROW_SUM_TOL:
             raise ProtocolError(f"{TOPICS}: rows must sum to 1 (topic-wise normalized), "
                                 f"found sums in [{sums.min():.4g}, {sums.max():.4g}]",
-                                code="rejected")
+                                code=errors.REJECTED)
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         p = self.params

@@ -6,11 +6,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from common.config import ClusterConfig, build_params
-from common.data.shards import local_data, sentence_features, simulated, worker_seed
 from common.models.mlp import MLPParams
+from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
 from master.strategies import Strategy
@@ -26,6 +24,7 @@ class MLPServer(ServerFamily):
     """
 
     name = "mlp"
+    embeds_text = True
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
@@ -35,23 +34,23 @@ class MLPServer(ServerFamily):
         dim, classes = info.get("input_dim"), info.get("classes")
         if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 1 << 20:
             raise ProtocolError("register.info.input_dim: expected a feature count",
-                                code="bad_field")
+                                code=errors.BAD_FIELD)
         if (not isinstance(classes, list) or not 0 < len(classes) <= 10_000
                 or not all(isinstance(c, str) for c in classes)
                 or len(set(classes)) != len(classes)):
             raise ProtocolError("register.info.classes: expected a list of distinct names",
-                                code="bad_field")
+                                code=errors.BAD_FIELD)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         dims = {int(info.get("input_dim", -1)) for info in registrations.values()}
         if len(dims) != 1 or min(dims) < 1:
             raise ProtocolError(f"workers disagree on the feature size: {sorted(dims)}",
-                                code="rejected")
+                                code=errors.REJECTED)
         lists = [list(info.get("classes", [])) for info in registrations.values()]
         classes = lists[0] if all(c == lists[0] for c in lists) else sorted(set().union(*lists))
         if len(classes) < 2:
             raise ProtocolError(f"need at least 2 classes, the workers have {classes}",
-                                code="rejected")
+                                code=errors.REJECTED)
         (input_dim,) = dims
         model = self.params.classifier(input_dim, len(classes), random_state=self.cfg.seed)
         self.setup_info_ = {"classes": classes, "input_dim": input_dim}
@@ -64,40 +63,8 @@ class MLPServer(ServerFamily):
         meta = self.setup_info_
         if int(info.get("input_dim", -1)) != meta["input_dim"]:
             raise ProtocolError(f"feature size {info.get('input_dim')} but the model takes "
-                                f"{meta['input_dim']}", code="rejected")
+                                f"{meta['input_dim']}", code=errors.REJECTED)
         unknown = set(info.get("classes", [])) - set(meta["classes"])
         if unknown:
-            raise ProtocolError(f"classes {sorted(unknown)} are not in the model", code="rejected")
-
-    def simulation_baselines(self) -> dict[str, Any] | None:
-        if not simulated(self.cfg):
-            return None
-        cfg, p = self.cfg, self.params
-        shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
-        first = next(iter(shards.values()))
-        X, y, n_classes = sentence_features(cfg, first.dataset), first.y, len(first.classes)
-        # The workers' class order comes from the pre-training exchange; map into it.
-        to_global = np.array([self.setup_info_["classes"].index(c) for c in first.classes])
-        y = to_global[y]
-        epochs = cfg.rounds * p.local_epochs
-        test = np.concatenate([s.test_index for s in shards.values()])
-        train = np.concatenate([s.train_index for s in shards.values()])
-        central = p.classifier(X.shape[1], n_classes, random_state=cfg.seed)
-        central.fit(X[train], y[train], epochs=epochs)
-        federated = p.classifier(X.shape[1], n_classes)
-        federated.set_arrays(self.global_.arrays)
-        pooled = {}
-        for name, s in shards.items():
-            local = p.classifier(X.shape[1], n_classes, random_state=worker_seed(cfg, name))
-            local.fit(X[s.train_index], y[s.train_index], epochs=epochs)
-            pooled[f"local-only {name}"] = local.score(X[test], y[test])
-        pooled["federated"] = federated.score(X[test], y[test])
-        pooled["centralized"] = central.score(X[test], y[test])
-        return {"centralized": {name: central.score(X[s.test_index], y[s.test_index])
-                                for name, s in shards.items()},
-                "pooled": pooled}
-
-    @classmethod
-    def prepare(cls, cfg: ClusterConfig) -> None:
-        if simulated(cfg):
-            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset, progress=True)
+            raise ProtocolError(f"classes {sorted(unknown)} are not in the model",
+                                code=errors.REJECTED)

@@ -11,9 +11,7 @@ import numpy as np
 
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
-from common.data.shards import local_data, simulated, worker_seed
-from common.data.text import bow_matrix
-from common.models.nmf import COMPONENTS, MI_STABLE_EPOCHS, NMFParams, heldout_scores
+from common.models.nmf import COMPONENTS, MI_STABLE_EPOCHS, NMFParams
 from master.families.base import Payload, ServerFamily
 from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
 from master.strategies import ClientResult, Strategy
@@ -104,32 +102,3 @@ class NMFServer(ServerFamily):
         self.global_ = Payload(self.global_.meta, arrays)
         return self.global_
 
-    def simulation_baselines(self) -> dict[str, Any] | None:
-        if not simulated(self.cfg) or not self.setup_info_:
-            return None
-        cfg, p = self.cfg, self.params
-        vocab = self.setup_info_["vocabulary"]
-        shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
-        first = next(iter(shards.values()))
-        X = bow_matrix(first.dataset.texts, vocab)
-        y = np.asarray(first.y)
-        epochs = cfg.rounds * p.local_epochs
-        train = np.concatenate([s.train_index for s in shards.values()])
-        test = np.concatenate([s.test_index for s in shards.values()])
-        central = p.model(random_state=cfg.seed).fit(X[train], epochs=epochs)
-        federated = p.model()
-        federated.set_arrays(self.global_.arrays)
-
-        def scores(model: Any, tr: np.ndarray, te: np.ndarray) -> dict[str, float]:
-            return heldout_scores(model, X[tr], y[tr], X[te], y[te], cfg.seed)
-
-        pooled = {}
-        for name, s in shards.items():
-            local = p.model(random_state=worker_seed(cfg, name))
-            local.fit(X[s.train_index], epochs=epochs)
-            pooled[f"local-only {name}"] = scores(local, train, test)
-        pooled["federated"] = scores(federated, train, test)
-        pooled["centralized"] = scores(central, train, test)
-        return {"centralized": {name: scores(central, s.train_index, s.test_index)
-                                for name, s in shards.items()},
-                "pooled": pooled}

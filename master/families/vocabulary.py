@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from common.data.text import merge_vocabularies
+from common.net import errors
 from common.net.wire import ProtocolError
 
 #: Most distinct words a worker may register.
@@ -18,17 +19,18 @@ def check_vocabulary_info(info: Mapping[str, Any]) -> None:
     """Refuse a registration whose ``vocabulary`` / ``n_docs`` a merge could not use."""
     vocab, n_docs = info.get("vocabulary"), info.get("n_docs")
     if not isinstance(n_docs, int) or isinstance(n_docs, bool) or n_docs < 0:
-        raise ProtocolError("register.info.n_docs: expected a document count", code="bad_field")
+        raise ProtocolError("register.info.n_docs: expected a document count",
+                            code=errors.BAD_FIELD)
     if not isinstance(vocab, dict) or len(vocab) > MAX_LOCAL_WORDS:
         raise ProtocolError("register.info.vocabulary: expected a map word -> "
-                            "[term_freq, doc_freq]", code="bad_field")
+                            "[term_freq, doc_freq]", code=errors.BAD_FIELD)
     for word, freqs in vocab.items():
         if (not isinstance(word, str) or not word or not isinstance(freqs, (list, tuple))
                 or len(freqs) != 2
                 or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0
                            for f in freqs)):
             raise ProtocolError(f"register.info.vocabulary[{str(word)[:40]!r}]: expected "
-                                "[term_freq, doc_freq], two counts", code="bad_field")
+                                "[term_freq, doc_freq], two counts", code=errors.BAD_FIELD)
 
 
 def agree_vocabulary(registrations: Mapping[str, Mapping[str, Any]], max_size: int | None,
@@ -44,5 +46,5 @@ def agree_vocabulary(registrations: Mapping[str, Mapping[str, Any]], max_size: i
     vocab = merge_vocabularies(vocabs, max_size=max_size, min_df=min_df)
     if not vocab:
         raise ProtocolError(f"no word is in {min_df} or more of the workers' documents",
-                            code="rejected")
+                            code=errors.REJECTED)
     return vocab

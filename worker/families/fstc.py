@@ -18,12 +18,11 @@ from threadpoolctl import threadpool_limits
 
 from common.config import ClusterConfig, build_params
 from common.data.shards import LocalData, sentence_features
-from common.models.fstc import FSTCClusterer, FSTCParams, score_clustering
+from common.models.fstc import CENTERS, COUNTS, FSTCClusterer, FSTCParams, score_clustering
 from common.models.kfed import local_kmeans
 from worker.families.base import ClientFamily, FitResult
 
 #: Arrays a worker uploads every round; the model's own (``head.*``, ``encoder.*``) come last.
-CENTERS, COUNTS = "centers", "counts"
 
 
 class FSTCClient(ClientFamily):

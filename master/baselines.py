@@ -1,0 +1,144 @@
+"""Baselines only a simulated cluster allows: the master can read every worker's shard.
+
+At the end of a ``fedctl run`` on one shared dataset (``baselines: true``), the master trains,
+for comparison with the federated model, a model on each worker's data alone (local-only) and
+one on all the workers' training data pooled (centralized), with the same hyperparameters and
+the same budget of epochs, and scores them on each worker's test split and on all of them
+together. In a real deployment nobody can see all the data, and :func:`simulation_baselines`
+returns None.
+
+One function per family; a plug-in family supplies its own by overriding
+:meth:`master.families.base.ServerFamily.simulation_baselines`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from common.data.shards import LocalData, local_data, sentence_features, simulated, worker_seed
+from common.data.text import bow_matrix
+from common.models.fstc import CENTERS, score_clustering
+from common.models.nmf import heldout_scores
+from master.families.base import ServerFamily
+from master.families.fstc import FSTCServer
+from master.families.mlp import MLPServer
+from master.families.nmf import NMFServer
+
+Baselines = dict[str, Any]
+
+
+def simulation_baselines(family: ServerFamily) -> Baselines | None:
+    """``centralized``: worker id -> scores on that worker's test split of a model trained on
+    all workers' training data pooled; ``pooled``: model name -> scores on all the workers'
+    test splits together, for each local-only model, the federated model and the centralized
+    one. None where the family has no baselines or the cluster is not simulated."""
+    for cls, make in _BASELINES.items():
+        if isinstance(family, cls):
+            return make(family)
+    return family.simulation_baselines()
+
+
+def _shards(cfg: Any) -> tuple[dict[str, LocalData], np.ndarray, np.ndarray]:
+    """Every worker's shard, and all their training and test rows."""
+    shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
+    train = np.concatenate([s.train_index for s in shards.values()])
+    test = np.concatenate([s.test_index for s in shards.values()])
+    return shards, train, test
+
+
+def mlp_baselines(family: MLPServer) -> Baselines | None:
+    """The classifier trained on each worker's embeddings alone and on all of them pooled."""
+    if not simulated(family.cfg):
+        return None
+    cfg, p = family.cfg, family.params
+    shards, train, test = _shards(cfg)
+    first = next(iter(shards.values()))
+    X, y, n_classes = sentence_features(cfg, first.dataset), first.y, len(first.classes)
+    # The workers' class order comes from the pre-training exchange; map into it.
+    to_global = np.array([family.setup_info_["classes"].index(c) for c in first.classes])
+    y = to_global[y]
+    epochs = cfg.rounds * p.local_epochs
+    central = p.classifier(X.shape[1], n_classes, random_state=cfg.seed)
+    central.fit(X[train], y[train], epochs=epochs)
+    federated = p.classifier(X.shape[1], n_classes)
+    federated.set_arrays(family.global_.arrays)
+    pooled = {}
+    for name, s in shards.items():
+        local = p.classifier(X.shape[1], n_classes, random_state=worker_seed(cfg, name))
+        local.fit(X[s.train_index], y[s.train_index], epochs=epochs)
+        pooled[f"local-only {name}"] = local.score(X[test], y[test])
+    pooled["federated"] = federated.score(X[test], y[test])
+    pooled["centralized"] = central.score(X[test], y[test])
+    return {"centralized": {name: central.score(X[s.test_index], y[s.test_index])
+                            for name, s in shards.items()},
+            "pooled": pooled}
+
+
+def nmf_baselines(family: NMFServer) -> Baselines | None:
+    """NMF by SGD on each worker's bag of words alone and on all of them pooled, scored by the
+    SVM on the topic weights that ``transform`` solves."""
+    if not simulated(family.cfg) or not family.setup_info_:
+        return None
+    cfg, p = family.cfg, family.params
+    vocab = family.setup_info_["vocabulary"]
+    shards, train, test = _shards(cfg)
+    first = next(iter(shards.values()))
+    X = bow_matrix(first.dataset.texts, vocab)
+    y = np.asarray(first.y)
+    epochs = cfg.rounds * p.local_epochs
+    central = p.model(random_state=cfg.seed).fit(X[train], epochs=epochs)
+    federated = p.model()
+    federated.set_arrays(family.global_.arrays)
+
+    def scores(model: Any, tr: np.ndarray, te: np.ndarray) -> dict[str, float]:
+        return heldout_scores(model, X[tr], y[tr], X[te], y[te], cfg.seed)
+
+    pooled = {}
+    for name, s in shards.items():
+        local = p.model(random_state=worker_seed(cfg, name))
+        local.fit(X[s.train_index], epochs=epochs)
+        pooled[f"local-only {name}"] = scores(local, train, test)
+    pooled["federated"] = scores(federated, train, test)
+    pooled["centralized"] = scores(central, train, test)
+    return {"centralized": {name: scores(central, s.train_index, s.test_index)
+                            for name, s in shards.items()},
+            "pooled": pooled}
+
+
+def fstc_baselines(family: FSTCServer) -> Baselines | None:
+    """Local-only, federated and centralized clusterings scored on each worker's documents
+    and on all of them (frozen encoder only: fine-tuning three more models is a GPU job)."""
+    if not simulated(family.cfg) or family.params.encoder != "frozen":
+        return None
+    cfg, p, k = family.cfg, family.params, family.n_clusters
+    shards, _, _ = _shards(cfg)
+    first = next(iter(shards.values()))
+    X, y = sentence_features(cfg, first.dataset), first.y
+    rows = {n: np.sort(np.concatenate([s.train_index, s.test_index]))
+            for n, s in shards.items()}
+    everything = np.concatenate(list(rows.values()))
+    budget = cfg.rounds * p.iterations
+    central = p.clusterer(k, random_state=cfg.seed, iterations=budget).fit(X[everything])
+    if "head.weight" in family.global_.arrays:
+        federated = p.clusterer(k).set_arrays(family.global_.arrays).predict(X)
+    else:  # no final model came back: the global centres' clustering
+        C = family.global_.arrays[CENTERS]
+        federated = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(axis=1)
+    central_pred = central.predict(X)
+    pooled = {}
+    for name, r in rows.items():
+        local = p.clusterer(k, random_state=worker_seed(cfg, name), iterations=budget)
+        local.fit(X[r])
+        pooled[f"local-only {name}"] = local.score(X[everything], y[everything])
+    pooled["federated"] = score_clustering(y[everything], federated[everything])
+    pooled["centralized"] = score_clustering(y[everything], central_pred[everything])
+    return {"centralized": {n: score_clustering(y[r], central_pred[r])
+                            for n, r in rows.items()},
+            "pooled": pooled}
+
+
+_BASELINES: dict[type, Callable[[Any], Baselines | None]] = {
+    MLPServer: mlp_baselines, NMFServer: nmf_baselines, FSTCServer: fstc_baselines}

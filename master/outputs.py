@@ -1,0 +1,65 @@
+"""The job's final outputs: the model, the comparison table and the summary.
+
+Written once, at the end, each file atomically: ``model.npz`` and ``model.json`` (the final
+global parameters and what they are), ``comparison.md`` / ``comparison.json`` (local-only vs
+federated vs centralized, :mod:`master.report`) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.atomic import atomic_write_bytes
+from master.baselines import simulation_baselines
+from master.families import ServerFamily
+from master.report import comparison_rows, format_table
+
+log = logging.getLogger("fedctl.master")
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2).encode())
+
+
+def write_model(out: Path, family: ServerFamily, family_name: str, rounds: int, version: int,
+                run_id: str) -> None:
+    """``model.npz`` (the final global arrays) and ``model.json`` (what they are)."""
+    final = family.global_
+    atomic_write_bytes(out / "model.npz", npz_bytes(final.arrays))
+    _write_json(out / "model.json", {"family": family_name, "setup": family.setup_info_,
+                                     "meta": final.meta, "rounds": rounds, "version": version,
+                                     "run_id": run_id})
+
+
+def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
+                  baselines: bool, run: dict[str, Any], errors_served: int
+                  ) -> tuple[dict[str, Any], str]:
+    """The comparison table (with the simulation's baselines when ``baselines``) and
+    ``summary.json`` (``run``'s fields, the comparison, ``errors_served``); returns the
+    summary and the table."""
+    sim = None
+    if baselines:
+        log.info("training the centralized baseline on the pooled data")
+        sim = simulation_baselines(family)
+    sim = sim or {}
+    rows = comparison_rows(reports, sim.get("centralized"))
+    table = format_table(rows, sim.get("pooled"))
+    atomic_write_bytes(out / "comparison.md", (table + "\n").encode())
+    _write_json(out / "comparison.json", {"per_worker": rows, "pooled": sim.get("pooled")})
+    summary = {**run, "comparison": rows, "pooled": sim.get("pooled"),
+               "errors_served": errors_served}
+    _write_json(out / "summary.json", summary)
+    return summary, table
