@@ -1,6 +1,6 @@
 """Benchmark: the cluster's timings over loopback (issue 10) — a thin entry point.
 
-The logic lives in :mod:`fedctl.bench.cluster` so that ``fedctl bench`` works from an installed
+The logic lives in :mod:`fedctl.bench` so that ``fedctl bench`` works from an installed
 package; this script runs the same thing from a checkout:
 
     python benchmarks/cluster_bench.py [--quick] [--out benchmarks/results]
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedctl.bench.cluster import main  # noqa: E402
+from fedctl.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -37,6 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
+from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -81,10 +82,10 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool) -> dict:
            "output_dir": str(out / "out"), "baselines": False, "seed": 0}
     cfg = out / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fedctl.cli", "run", "--config", str(cfg)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    # `fedctl run` itself is what is timed: it starts the master and workers (fedctl.launch).
+    proc = subprocess.run(fedctl_command("run", "--config", str(cfg)), cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=1800)
     total = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"fedctl run failed:\n{proc.stderr[-3000:]}")

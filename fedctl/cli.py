@@ -250,7 +250,7 @@ def bench(args: tuple[str, ...]) -> None:
 
     Options (see `fedctl bench --help`): --quick, --out DIR, --only SECTIONS, --config FILE.
     """
-    from fedctl.bench.cluster import main as bench_main
+    from fedctl.bench import main as bench_main
 
     sys.exit(bench_main(list(args)))
 

@@ -35,8 +35,9 @@ def fedctl_command(*args: str, profile: Path | None = None) -> list[str]:
 def child_env(cache_dir: str | Path | None = None, threads: int | None = None,
               extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of every child: unbuffered, offline, quiet tokenizers; ``cache_dir`` is the
-    embedding cache (default: the user's); ``threads`` caps the OpenMP pool; the plug-ins registered in this process travel in ``FEDCTL_PLUGINS``, which
-    ``os.environ`` already holds."""
+    embedding cache (default: the user's); ``threads`` caps the OpenMP pool; the plug-ins
+    registered in this process travel in ``FEDCTL_PLUGINS``, which ``os.environ`` already
+    holds."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if threads is not None:

@@ -41,8 +41,10 @@ def test_bench_quick_writes_report(tmp_path: Path) -> None:
     for v in res["scaling"].values():
         assert v["all_updates"] and v["completed_rounds"] == res["plan"]["scaling_rounds"]
         assert v["master_hwm_mib"] and v["master_hwm_mib"] > 0
-    # One PUB serialization per round whatever N.
-    assert len({v["broadcast_bytes"] for v in res["scaling"].values()}) == 1
+    # One PUB serialization per round whatever N: the message grows only by the participant
+    # list in its header (a few bytes a worker), the report's "flat in N" goal.
+    sizes = [v["broadcast_bytes"] for v in res["scaling"].values()]
+    assert max(sizes) <= 1.01 * min(sizes)
     table = res["compression"]["table"]
     assert {"none", "int8"} <= set(table)
     assert table["int8"]["bytes_in"] < table["none"]["bytes_in"]
