@@ -23,12 +23,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from common.config import ClusterConfig, ConfigError
+
 __all__ = ["FAMILIES", "STRATEGIES", "PLUGINS_ENV", "Family", "PluginError", "register",
-           "find", "load_object", "reference", "available"]
+           "find", "family_half", "load_object", "reference", "available"]
 
 FAMILIES = "fedctl.families"      # entry-point group of model families (values: a Family)
 STRATEGIES = "fedctl.strategies"  # entry-point group of strategies (values: a Strategy class)
@@ -170,3 +173,26 @@ def available(group: str) -> list[str]:
     names = set(_registered.get(group, {})) | set(_from_env().get(group, {}))
     names |= {ep.name for ep in entry_points(group=group)}
     return sorted(names)
+
+
+def family_half(cfg: ClusterConfig, builtins: Mapping[str, type], half: str, base: type
+                ) -> type:
+    """The ``half`` (``"server"`` or ``"client"``) of ``cfg.model.family``: a built-in of
+    ``builtins``, else a plug-in's; a :class:`ConfigError` naming the field otherwise."""
+    cls = builtins.get(cfg.family)
+    if cls is not None:
+        return cls
+    try:
+        plugin = find(FAMILIES, cfg.family)
+        if plugin is not None:
+            cls = plugin.server_class() if half == "server" else plugin.client_class()
+    except PluginError as exc:
+        raise ConfigError(f"{cfg.source}: model.family: {exc}") from None
+    if cls is None:
+        known = sorted(set(builtins) | set(available(FAMILIES)))
+        raise ConfigError(f"{cfg.source}: model.family: unknown family {cfg.family!r} "
+                          f"(known: {', '.join(known)})")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{cfg.source}: model.family: {cfg.family!r}'s {half} half is not a "
+                          f"{base.__name__}")
+    return cls

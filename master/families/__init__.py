@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from common.config import ClusterConfig, ConfigError
-from common.plugins import FAMILIES, PluginError, available, find
+from common.plugins import family_half
 from master.families.base import Payload, ServerFamily
 from master.families.fstc import FSTCServer
 from master.families.lda import LDAServer, SentenceLDAServer
@@ -21,23 +21,7 @@ SERVER_FAMILIES: dict[str, type[ServerFamily]] = {
 
 def server_family_class(cfg: ClusterConfig) -> type[ServerFamily]:
     """The master half of ``cfg.model.family``: a built-in, else a plug-in."""
-    cls = SERVER_FAMILIES.get(cfg.family)
-    if cls is not None:
-        return cls
-    try:
-        plugin = find(FAMILIES, cfg.family)
-        if plugin is not None:
-            cls = plugin.server_class()
-    except PluginError as exc:
-        raise ConfigError(f"{cfg.source}: model.family: {exc}") from None
-    if cls is None:
-        known = sorted(set(SERVER_FAMILIES) | set(available(FAMILIES)))
-        raise ConfigError(f"{cfg.source}: model.family: unknown family {cfg.family!r} "
-                          f"(known: {', '.join(known)})")
-    if not (isinstance(cls, type) and issubclass(cls, ServerFamily)):
-        raise ConfigError(f"{cfg.source}: model.family: {cfg.family!r}'s master half is not a "
-                          f"ServerFamily")
-    return cls
+    return family_half(cfg, SERVER_FAMILIES, "server", ServerFamily)
 
 
 def make_server_family(cfg: ClusterConfig) -> ServerFamily:

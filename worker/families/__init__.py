@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from common.config import ClusterConfig, ConfigError
+from common.config import ClusterConfig
 from common.data.shards import LocalData
-from common.plugins import FAMILIES, PluginError, available, find
+from common.plugins import family_half
 from worker.families.base import ClientFamily, FitResult
 from worker.families.fstc import FSTCClient
 from worker.families.lda import LDAClient, SentenceLDAClient
@@ -21,23 +21,7 @@ CLIENT_FAMILIES: dict[str, type[ClientFamily]] = {
 
 def client_family_class(cfg: ClusterConfig) -> type[ClientFamily]:
     """The worker half of ``cfg.model.family``: a built-in, else a plug-in."""
-    cls = CLIENT_FAMILIES.get(cfg.family)
-    if cls is not None:
-        return cls
-    try:
-        plugin = find(FAMILIES, cfg.family)
-        if plugin is not None:
-            cls = plugin.client_class()
-    except PluginError as exc:
-        raise ConfigError(f"{cfg.source}: model.family: {exc}") from None
-    if cls is None:
-        known = sorted(set(CLIENT_FAMILIES) | set(available(FAMILIES)))
-        raise ConfigError(f"{cfg.source}: model.family: unknown family {cfg.family!r} "
-                          f"(known: {', '.join(known)})")
-    if not (isinstance(cls, type) and issubclass(cls, ClientFamily)):
-        raise ConfigError(f"{cfg.source}: model.family: {cfg.family!r}'s worker half is not a "
-                          f"ClientFamily")
-    return cls
+    return family_half(cfg, CLIENT_FAMILIES, "client", ClientFamily)
 
 
 def make_client_family(cfg: ClusterConfig, data: LocalData, device: str, seed: int
