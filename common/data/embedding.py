@@ -3,7 +3,6 @@ its workers on one machine compute them once."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 
 from common.atomic import atomic_save_npy
 from common.data.reading import DataError
@@ -131,7 +131,8 @@ def embed_texts(
 
     The cache file is ``<cache_dir>/<key[:32]>.npy`` where ``key`` is the sha256 of the model
     folder name and the texts. Concurrent callers (e.g. a master and its workers on one machine)
-    serialise on an exclusive ``flock`` of ``<file>.lock``, so one computes and the rest read.
+    serialise on an exclusive :class:`filelock.FileLock` of ``<file>.lock``, so one computes and
+    the rest read.
 
     Parameters
     ----------
@@ -167,10 +168,10 @@ def embed_texts(
     cache_file = folder / f"{_cache_key(model_path, texts)[:32]}.npy"
     lock_file = cache_file.with_name(cache_file.name + ".lock")
 
-    # The lock file is left in place: unlinking it would let a waiter lock a deleted inode while
-    # a newcomer locks a fresh file, and both would compute.
-    with open(lock_file, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+    # FileLock (flock where the OS has it) leaves the lock file in place on release:
+    # unlinking it would let a waiter lock a deleted inode while a newcomer locks a fresh file,
+    # and both would compute. No timeout: a waiter blocks until the computing caller is done.
+    with FileLock(lock_file):
         cached = _load_cached(cache_file, len(texts))
         if cached is not None:
             log.log(level, "embeddings: cache hit %s", cache_file)
