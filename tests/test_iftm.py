@@ -100,3 +100,39 @@ def test_merge_weights_by_data_size_and_handles_different_numbers_of_topics() ->
     # nothing above a threshold of 1: everything stays apart
     apart, _ = merge_models([a, b], sizes=[1, 3], xi=1.0)
     assert apart.shape == (10, 200)
+
+
+def _chained_parties() -> tuple[list[np.ndarray], list[float]]:
+    """Four parties (5, 7, 4, 6 topics), each topic a noisy copy of one of eight base topics,
+    so that some groups chain across parties and hold two topics of one party."""
+    rng = np.random.default_rng(7)
+    base = rng.dirichlet(np.full(150, 0.05), size=8)
+    models, sizes = [], []
+    for k in (5, 7, 4, 6):
+        picks = rng.choice(8, size=k, replace=True)
+        noise = rng.dirichlet(np.full(150, 0.05), size=k)
+        mix = rng.uniform(0.0, 0.9, size=(k, 1))
+        models.append(topic_normalize((1 - mix) * base[picks] + mix * noise))
+        sizes.append(float(rng.integers(50, 500)))
+    return models, sizes
+
+
+def test_merge_groups_and_orders_global_topics_as_before() -> None:
+    # The result of the earlier hand-written union-find merge on this case: global topics are
+    # numbered in the order each group's first topic appears, party by party.
+    models, sizes = _chained_parties()
+    merged, assignment = merge_models(models, sizes, xi=0.3, top_l=20)
+    assert [a.tolist() for a in assignment] == [
+        [0, 1, 2, 3, 4], [5, 6, 7, 7, 8, 9, 10], [7, 11, 12, 13], [14, 8, 7, 15, 1, 7]]
+    fingerprint = (merged * np.arange(1, merged.shape[1] + 1)).sum(axis=1)
+    np.testing.assert_allclose(fingerprint, [
+        77.8060124577, 62.3559983136, 71.9114372768, 90.5809819817, 87.1956506577,
+        92.11198502, 81.6683536157, 77.036792524, 76.5857865794, 68.943597116,
+        94.8921453237, 68.9713835764, 82.0170365477, 70.8021091733, 73.3728949281,
+        64.1359203546], rtol=0, atol=1e-9)
+    # each global topic: its members' size-weighted mean
+    for g in range(merged.shape[0]):
+        members = [(sizes[p], models[p][a]) for p in range(4)
+                   for a in np.flatnonzero(assignment[p] == g)]
+        mean = sum(w * t for w, t in members) / sum(w for w, _ in members)
+        np.testing.assert_allclose(merged[g], topic_normalize(mean[None])[0], atol=1e-15)

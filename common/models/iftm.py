@@ -1,14 +1,15 @@
 """iFTM's master computation (Jiang et al., "Industrial Federated Topic Modeling", ACM TIST
 2021): merge heterogeneous local topic models into a global one, and compose for each party a
-new local model from it. Pure NumPy.
+new local model from it. NumPy and SciPy.
 
 * :func:`topic_normalize` — a party's word–topic counts, each topic row scaled to sum to one
   (what leaves a party).
 * :func:`weighted_jaccard` — similarity of two topics over the union of their top-L words
   (eq. 29): Σ_w min(φ_aw, φ_bw) / Σ_w max(φ_aw, φ_bw).
 * :func:`merge_models` — Alg. 3: topics of different parties whose similarity exceeds ξ are
-  joined with union–find; each connected group becomes one global topic, the average of its
-  members weighted by their parties' data sizes. Parties may have different numbers of topics.
+  joined with a disjoint-set forest (``scipy.cluster.hierarchy.DisjointSet``); each connected
+  group becomes one global topic, the average of its members weighted by their parties' data
+  sizes. Parties may have different numbers of topics.
 * :func:`compose` — Alg. 4: each of a party's topics is replaced by its most similar global
   topic when that similarity exceeds ξ, and kept otherwise.
 """
@@ -18,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.cluster.hierarchy import DisjointSet
 
-__all__ = ["topic_normalize", "weighted_jaccard", "merge_models", "compose", "UnionFind"]
+__all__ = ["topic_normalize", "weighted_jaccard", "merge_models", "compose"]
 
 
+# hand-written: sklearn's l1 normalize keeps zero rows zero and adds no beta; iFTM needs both
 def topic_normalize(counts: np.ndarray, beta: float = 0.0) -> np.ndarray:
     """Topic-wise normalization: ``(counts + beta)`` with each row (topic) summing to one.
 
@@ -44,6 +47,7 @@ def topic_normalize(counts: np.ndarray, beta: float = 0.0) -> np.ndarray:
     return np.where(sums > 0, c / np.where(sums > 0, sums, 1.0), 1.0 / c.shape[1])
 
 
+# hand-written: numpy has no top-k mask; a stable argsort keeps ties in column order
 def _top_mask(topics: np.ndarray, top_l: int) -> np.ndarray:
     top = np.argsort(-topics, axis=1, kind="stable")[:, :top_l]
     mask = np.zeros(topics.shape, dtype=bool)
@@ -51,6 +55,7 @@ def _top_mask(topics: np.ndarray, top_l: int) -> np.ndarray:
     return mask
 
 
+# hand-written: eq. 29: weighted Jaccard on the top-L words' union; scipy's jaccard is binary
 def weighted_jaccard(a: np.ndarray, b: np.ndarray, top_l: int = 20) -> np.ndarray:
     """Weighted Jaccard similarity of every topic of ``a`` with every topic of ``b`` over the
     union of the two topics' top-``top_l`` words (eq. 29).
@@ -80,29 +85,7 @@ def weighted_jaccard(a: np.ndarray, b: np.ndarray, top_l: int = 20) -> np.ndarra
     return out
 
 
-class UnionFind:
-    """Disjoint sets over 0..n-1 with path halving and union by size."""
-
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-        self.size = [1] * n
-
-    def find(self, x: int) -> int:
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, x: int, y: int) -> None:
-        rx, ry = self.find(x), self.find(y)
-        if rx == ry:
-            return
-        if self.size[rx] < self.size[ry]:
-            rx, ry = ry, rx
-        self.parent[ry] = rx
-        self.size[rx] += self.size[ry]
-
-
+# hand-written: iFTM's Alg. 3 (size-weighted group means); the grouping is scipy's DisjointSet
 def merge_models(models: Sequence[np.ndarray], sizes: Sequence[float], xi: float = 0.3,
                  top_l: int = 20) -> tuple[np.ndarray, list[np.ndarray]]:
     """Alg. 3: integrate the parties' local models into one global model.
@@ -129,28 +112,31 @@ def merge_models(models: Sequence[np.ndarray], sizes: Sequence[float], xi: float
         raise ValueError("need one size per model and at least one model")
     models = [np.asarray(m, dtype=np.float64) for m in models]
     offsets = np.concatenate([[0], np.cumsum([m.shape[0] for m in models])])
-    uf = UnionFind(int(offsets[-1]))
+    n_nodes = int(offsets[-1])
+    groups = DisjointSet(range(n_nodes))  # node offsets[p] + a is party p's topic a
     for i in range(len(models)):
         for j in range(i + 1, len(models)):
             sim = weighted_jaccard(models[i], models[j], top_l)
             for a, b in zip(*np.nonzero(sim > xi), strict=True):
-                uf.union(int(offsets[i] + a), int(offsets[j] + b))
+                groups.merge(int(offsets[i] + a), int(offsets[j] + b))
+    # Global topic g is the g-th group to appear party by party (numbered by first node, not by
+    # whichever node the forest made the group's root).
     roots: dict[int, int] = {}
-    for node in range(int(offsets[-1])):
-        roots.setdefault(uf.find(node), len(roots))
+    label = np.array([roots.setdefault(groups[node], len(roots)) for node in range(n_nodes)],
+                     dtype=np.int64)
     n_words = models[0].shape[1]
     acc = np.zeros((len(roots), n_words))
     weight = np.zeros(len(roots))
     assignment = []
     for p, (m, size) in enumerate(zip(models, sizes, strict=True)):
-        g = np.array([roots[uf.find(int(offsets[p] + a))] for a in range(m.shape[0])],
-                     dtype=np.int64)
+        g = label[offsets[p]:offsets[p + 1]]
         np.add.at(acc, g, float(size) * m)
         np.add.at(weight, g, float(size))
         assignment.append(g)
     return topic_normalize(acc / np.maximum(weight, 1e-300)[:, None]), assignment
 
 
+# hand-written: iFTM's Alg. 4, a thresholded argmax over weighted_jaccard; no library has it
 def compose(local: np.ndarray, global_topics: np.ndarray, xi: float = 0.3, top_l: int = 20
             ) -> tuple[np.ndarray, np.ndarray]:
     """Alg. 4: a party's new local model from the global one.
