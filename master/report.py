@@ -13,8 +13,12 @@ from typing import Any
 
 COLUMNS = ("local_only", "federated", "centralized")
 #: Metrics of the closing table, in order, and their column labels.
-METRICS = {"macro_f1": "F1", "accuracy": "acc", "nmi": "NMI", "npmi": "NPMI",
-           "diversity": "diversity", "perplexity": "perplexity"}
+#: Topic coherence: ``npmi_doc`` is NPMI over document co-occurrence
+#: (:func:`common.eval.topics.npmi_coherence`); ``c_npmi`` and ``c_v`` are gensim's
+#: sliding-window scores (:func:`common.eval.topics.gensim_coherence`), as papers report them.
+METRICS = {"macro_f1": "F1", "accuracy": "acc", "nmi": "NMI", "npmi_doc": "NPMI (doc)",
+           "c_npmi": "C_NPMI", "c_v": "C_V", "diversity": "diversity",
+           "perplexity": "perplexity"}
 #: Shown when no report carries any of :data:`METRICS` (e.g. every worker failed).
 DEFAULT_METRICS = ("macro_f1", "accuracy")
 

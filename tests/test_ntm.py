@@ -29,11 +29,11 @@ from fedctl.datasets.synthetic_lda import (
     make_federated_lda,
     topic_similarity_score,
 )
-from tests.conftest import ROOT, MakeConfig, child_env, events, fedctl_cmd, kill_tree
+from tests.conftest import ROOT, MakeConfig, child_env, events, fedctl_command, kill_tree
 
 
 def _run(cfg: Path, cache: Path, timeout: float = 150) -> None:
-    proc = subprocess.Popen(fedctl_cmd("run", "--config", str(cfg)), cwd=ROOT,
+    proc = subprocess.Popen(fedctl_command("run", "--config", str(cfg)), cwd=ROOT,
                             env=child_env(cache), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -336,9 +336,13 @@ def test_combinedtm_fedavg_cluster_reports_topic_scores(
     assert {e["round"] for e in wr} == {1, 2, 3}
     ppl = {r: np.mean([e["perplexity"] for e in wr if e["round"] == r]) for r in (1, 3)}
     assert ppl[3] < ppl[1], ppl  # the global model gets better on held-out documents
+    assert all("npmi" not in e and -1 <= e["npmi_doc"] <= 1 and -1 <= e["c_npmi"] <= 1
+               and -1 <= e["c_v"] <= 1 for e in wr)
     summary = json.loads((out / "summary.json").read_text())
     for row in summary["comparison"]:
         assert 0 <= row["federated_macro_f1"] <= 1 and 0 <= row["local_only_macro_f1"] <= 1
+        assert all(row[f"{c}_{k}"] is not None for c in ("federated", "local_only")
+                   for k in ("npmi_doc", "c_npmi", "c_v"))
     model = NeuralTopicModel(n_topics=6, contextual_size=384).set_arrays(arrays)
     X = sp.random(4, len(vocab), density=0.1, format="csr", random_state=0)
     assert model.transform(X, np.zeros((4, 384))).shape == (4, 6)

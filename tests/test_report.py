@@ -31,14 +31,21 @@ def test_clustering_table_shows_acc_and_nmi():
     assert "| w1 | 80 | 20 | 0.7000 | 0.8000 | n/a | 0.6000 | 0.6500 | n/a |" in table
 
 
-def test_topic_model_table_shows_npmi_diversity_perplexity_and_pools():
-    scores = {"npmi": -0.1, "diversity": 0.9, "perplexity": 1234.56, "heldout_ll": -7.0}
+def test_topic_model_table_shows_coherences_diversity_perplexity_and_pools():
+    scores = {"npmi_doc": -0.1, "c_npmi": 0.05, "c_v": 0.5, "diversity": 0.9,
+              "perplexity": 1234.56, "heldout_ll": -7.0}
     rows = comparison_rows({"w1": _report(scores, scores)}, None)
-    assert reported_metrics([scores]) == ["npmi", "diversity", "perplexity"]
+    assert reported_metrics([scores]) == ["npmi_doc", "c_npmi", "c_v", "diversity",
+                                          "perplexity"]
     assert "federated_heldout_ll" not in rows[0]
-    table = format_table(rows, {"federated": scores, "centralized": dict(scores, npmi=0.2)})
-    assert "federated perplexity" in table.splitlines()[0]
-    assert "| centralized | 0.2000 | 0.9000 | 1234.6 |" in table
+    table = format_table(rows, {"federated": scores, "centralized": dict(scores, npmi_doc=0.2)})
+    head = table.splitlines()[0]
+    assert "federated perplexity" in head
+    # document co-occurrence NPMI and gensim's sliding-window scores, each named for what it is
+    assert "| local-only NPMI (doc) | federated NPMI (doc) | centralized NPMI (doc) |" in head
+    assert "federated C_NPMI" in head and "federated C_V" in head
+    assert "| model | NPMI (doc) | C_NPMI | C_V | diversity | perplexity |" in table
+    assert "| centralized | 0.2000 | 0.0500 | 0.5000 | 0.9000 | 1234.6 |" in table
 
 
 def test_no_reports_still_gives_a_table():

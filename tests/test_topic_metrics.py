@@ -13,10 +13,12 @@ import scipy.sparse as sp
 from common.data.text import bow_matrix, local_vocabulary
 from common.eval.topics import (
     embedding_coherence,
+    gensim_coherence,
     inverted_rbo,
     npmi_coherence,
     npmi_per_topic,
     rbo,
+    reference_tokens,
     svm_scores,
     top_words,
     topic_diversity,
@@ -70,6 +72,71 @@ def test_npmi_counts_presence_not_occurrences() -> None:
     dense[1, 0] = 50
     assert npmi_coherence([["apple", "cherry"]], sp.csr_matrix(dense), VOCAB) == \
         npmi_coherence([["apple", "cherry"]], REF, VOCAB)
+
+
+# Six tokenized reference documents, all shorter than gensim's windows (10 and 110 tokens), so
+# that every document is one window: apple and banana always together, apple and elder never.
+TEXTS = [["apple", "banana", "cherry"], ["banana", "apple", "durian"], ["apple", "banana"],
+         ["cherry", "durian", "elder"], ["elder", "cherry"], ["durian", "elder"]]
+
+
+def _gensim(topics: list[list[str]], measure: str, texts: list[list[str]] = TEXTS) -> float:
+    from gensim.corpora import Dictionary
+    from gensim.models.coherencemodel import CoherenceModel
+
+    return CoherenceModel(topics=topics, texts=texts, dictionary=Dictionary(texts),
+                          coherence=measure, topn=10, processes=1).get_coherence()
+
+
+def test_gensim_coherence_is_gensims_and_ranks_together_over_never() -> None:
+    together, never = ["apple", "banana"], ["apple", "elder"]
+    mixed = [["apple", "banana", "cherry"], ["durian", "elder", "cherry", "banana"]]
+    for measure in ("c_npmi", "c_v"):
+        got = gensim_coherence(mixed, TEXTS, measures=[measure])
+        assert got == {measure: pytest.approx(_gensim(mixed, measure), abs=1e-12)}
+    both = gensim_coherence([together], TEXTS)
+    assert set(both) == {"c_npmi", "c_v"}
+    # always in the same window: NPMI 1 (up to gensim's 1e-12 smoothing of P(wi, wj))
+    assert both["c_npmi"] == pytest.approx(1.0, abs=1e-9)
+    # never: log(eps / (P(apple) P(elder))) / -log(eps), both words in 3 of 6 windows
+    eps = 1e-12
+    apart = gensim_coherence([never], TEXTS)
+    assert apart["c_npmi"] == pytest.approx(math.log(eps / 0.25) / -math.log(eps), abs=1e-9)
+    assert both["c_npmi"] > apart["c_npmi"] and both["c_v"] > apart["c_v"]
+    assert both["c_v"] == pytest.approx(1.0)  # identical context vectors
+
+
+def test_gensim_coherence_leaves_out_words_the_reference_lacks() -> None:
+    plain = gensim_coherence([["apple", "banana"]], TEXTS)
+    assert gensim_coherence([["kiwi", "apple", "mango", "banana"]], TEXTS) == \
+        {k: pytest.approx(v) for k, v in plain.items()}
+    # a topic with fewer than two known words gets no score; the mean is over the others
+    assert gensim_coherence([["apple", "banana"], ["kiwi", "elder"]], TEXTS) == \
+        {k: pytest.approx(v) for k, v in plain.items()}
+    nothing = gensim_coherence([["kiwi", "mango"], ["apple"]], TEXTS)
+    assert set(nothing) == {"c_npmi", "c_v"} and all(math.isnan(v) for v in nothing.values())
+    # only the top_n words count
+    assert gensim_coherence([["apple", "banana", "elder"]], TEXTS, top_n=2) == \
+        {k: pytest.approx(v) for k, v in plain.items()}
+
+
+def test_gensim_npmi_counts_windows_where_npmi_doc_counts_documents() -> None:
+    # apple opens and banana closes every document, 15 tokens apart: together in every
+    # document (document NPMI 1), never within one 10-token window (c_npmi near -1).
+    texts = [["apple", *[f"w{d}x{i}" for i in range(14)], "banana"] for d in range(4)]
+    texts += [[f"other{d}", f"more{d}"] for d in range(4)]
+    vocab = sorted({w for t in texts for w in t})
+    bow = sp.csr_matrix([[t.count(w) for w in vocab] for t in texts])
+    assert npmi_coherence([["apple", "banana"]], bow, vocab) == pytest.approx(1.0)
+    windowed = gensim_coherence([["apple", "banana"]], texts, measures=["c_npmi"])["c_npmi"]
+    assert windowed == pytest.approx(_gensim([["apple", "banana"]], "c_npmi", texts))
+    assert windowed < -0.5
+
+
+def test_reference_tokens_keep_order_and_the_vocabulary() -> None:
+    texts = ["The apple, and 2 bananas; APPLE again!", "", "nothing known here"]
+    assert reference_tokens(texts, ["apple", "bananas"]) == [["apple", "bananas", "apple"], [],
+                                                             []]
 
 
 def test_diversity() -> None:
@@ -141,6 +208,10 @@ def test_npmi_on_real_titles_prefers_topics_of_one_tag() -> None:
     # Titles are short, so many pairs never meet (-1) even within a tag.
     assert scattered < -0.8
     assert tagged > scattered + 0.5
+    # gensim's sliding-window NPMI agrees (titles are shorter than its 10-token window)
+    tokens = reference_tokens(texts, vocab)
+    windowed = gensim_coherence(by_tag, tokens, measures=["c_npmi"])["c_npmi"]
+    assert windowed > gensim_coherence(random_topics, tokens, measures=["c_npmi"])["c_npmi"] + 0.2
 
 
 def test_svm_scores() -> None:

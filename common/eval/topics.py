@@ -2,6 +2,14 @@
 
 A topic is a list of words, best first (see :func:`top_words`). All scores take a list of
 topics, so they work the same for NMF, LDA or any other family.
+
+Two kinds of NPMI coherence:
+
+* :func:`npmi_coherence` — document co-occurrence NPMI (reported as ``npmi_doc``): two words
+  co-occur when one document holds both, from a bag-of-words reference;
+* :func:`gensim_coherence` — gensim's ``CoherenceModel`` (Röder et al. 2015): ``c_npmi``
+  (sliding windows of 10 tokens) and ``c_v`` (windows of 110), the scores most topic-model
+  papers report, from tokenized reference texts (:func:`reference_tokens`).
 """
 
 from __future__ import annotations
@@ -13,14 +21,20 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.svm import LinearSVC
 
+from common.data.text import make_vectorizer
 from common.eval.classification import classification_metrics
 
-__all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "topic_diversity", "rbo",
-           "inverted_rbo", "embedding_coherence", "svm_scores"]
+__all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "reference_tokens",
+           "gensim_coherence", "topic_diversity", "rbo", "inverted_rbo", "embedding_coherence",
+           "svm_scores"]
+
+#: The measures :func:`gensim_coherence` computes by default.
+GENSIM_MEASURES = ("c_npmi", "c_v")
 
 Topics = Sequence[Sequence[str]]
 
 
+# hand-written: a stable argsort of a bare matrix; gensim's show_topic needs a gensim model
 def top_words(topic_word: np.ndarray, vocab: Sequence[str], n: int = 10) -> list[list[str]]:
     """The ``n`` heaviest words of each topic.
 
@@ -44,6 +58,7 @@ def top_words(topic_word: np.ndarray, vocab: Sequence[str], n: int = 10) -> list
     return [[vocab[j] for j in row] for row in order]
 
 
+# hand-written: document co-occurrence from a bag of words, -1 unsmoothed; gensim counts windows
 def npmi_per_topic(topics: Topics, reference_bow: sp.spmatrix | np.ndarray,
                    vocab: Sequence[str], top_n: int = 10) -> np.ndarray:
     """NPMI coherence of each topic (see :func:`npmi_coherence`)."""
@@ -78,6 +93,7 @@ def npmi_per_topic(topics: Topics, reference_bow: sp.spmatrix | np.ndarray,
     return np.asarray(out, dtype=np.float64)
 
 
+# hand-written: the mean of npmi_per_topic (document co-occurrence NPMI, see there)
 def npmi_coherence(topics_top_words: Topics, reference_bow: sp.spmatrix | np.ndarray,
                    vocab: Sequence[str], top_n: int = 10) -> float:
     """Mean NPMI coherence of the topics on a reference corpus.
@@ -107,6 +123,65 @@ def npmi_coherence(topics_top_words: Topics, reference_bow: sp.spmatrix | np.nda
     return float(np.nanmean(npmi_per_topic(topics_top_words, reference_bow, vocab, top_n)))
 
 
+def reference_tokens(texts: Sequence[str], vocabulary: Sequence[str]) -> list[list[str]]:
+    """Each text as its tokens in order, for :func:`gensim_coherence`.
+
+    The topic models' own tokenizer (:func:`common.data.text.make_vectorizer`: lowercase,
+    English stop words out, words of two or more letters), keeping only words of
+    ``vocabulary``: the texts as the models saw them, in their word order.
+    """
+    analyze = make_vectorizer().build_analyzer()
+    keep = set(vocabulary)
+    return [[w for w in analyze(text) if w in keep] for text in texts]
+
+
+def gensim_coherence(topics: Topics, reference: Sequence[Sequence[str]],
+                     measures: Sequence[str] = GENSIM_MEASURES, top_n: int = 10
+                     ) -> dict[str, float]:
+    """Topic coherence as gensim's ``CoherenceModel`` computes it, e.g. ``c_npmi`` and ``c_v``.
+
+    Probabilities come from boolean sliding windows over the reference texts (gensim's
+    default sizes: 10 tokens for ``c_npmi``, 110 for ``c_v``), over a gensim ``Dictionary``
+    built from those texts. Each topic's first ``top_n`` words are scored; words the reference
+    never holds are left out of their topic (gensim cannot score them), and a topic with fewer
+    than two words left gets no score. The result is the mean over the topics scored.
+
+    Parameters
+    ----------
+    topics : sequence of sequences of str
+        Each topic's words, best first.
+    reference : sequence of sequences of str
+        Tokenized reference documents (see :func:`reference_tokens`).
+    measures : sequence of str, default ("c_npmi", "c_v")
+        Any of gensim's sliding-window measures (``c_npmi``, ``c_uci``, ``c_v``).
+    top_n : int, default 10
+
+    Returns
+    -------
+    dict of str to float
+        Measure -> mean over the scored topics; NaN when no topic could be scored.
+    """
+    # Lazy: gensim takes about two seconds to import, and only topic evaluation needs it.
+    from gensim.corpora import Dictionary
+    from gensim.models.coherencemodel import CoherenceModel
+
+    texts = [list(doc) for doc in reference]
+    dictionary = Dictionary(texts)
+    known = [[w for w in list(t)[:top_n] if w in dictionary.token2id] for t in topics]
+    scorable = [t for t in known if len(t) >= 2]
+    out: dict[str, float] = {}
+    for measure in measures:
+        if not scorable:
+            out[measure] = float("nan")
+            continue
+        # processes=1: no worker pool inside a cluster process (gensim's default forks).
+        model = CoherenceModel(topics=scorable, texts=texts, dictionary=dictionary,
+                               coherence=measure, topn=top_n, processes=1)
+        out[measure] = float(np.nanmean(model.get_coherence_per_topic()))
+    return out
+
+
+# hand-written: one set count (Dieng et al.'s TD); not worth a topic-model toolkit
 def topic_diversity(topics: Topics, top_n: int = 10) -> float:
     """Fraction of unique words among all topics' ``top_n`` words (Dieng et al. 2020).
 
@@ -119,6 +194,7 @@ def topic_diversity(topics: Topics, top_n: int = 10) -> float:
     return len({w for h in heads for w in h}) / total
 
 
+# hand-written: a dozen lines of Webber et al.'s eq. 32, tested by hand; not worth a dependency
 def rbo(a: Sequence[str], b: Sequence[str], p: float = 0.9) -> float:
     """Extrapolated rank-biased overlap of two rankings of equal depth (Webber et al. 2010).
 
@@ -149,6 +225,7 @@ def rbo(a: Sequence[str], b: Sequence[str], p: float = 0.9) -> float:
     return overlap / k * p**k + (1 - p) / p * total
 
 
+# hand-written: 1 - mean rbo over topic pairs (Bianchi et al.), on top of rbo above
 def inverted_rbo(topics: Topics, top_n: int = 10, p: float = 0.9) -> float:
     """1 - mean extrapolated RBO (:func:`rbo`) over all pairs of topics' ``top_n`` words.
 
@@ -161,6 +238,7 @@ def inverted_rbo(topics: Topics, top_n: int = 10, p: float = 0.9) -> float:
     return 1.0 - float(np.mean([rbo(a, b, p) for a, b in itertools.combinations(heads, 2)]))
 
 
+# hand-written: mean pairwise cosine under any caller-given encoder; no library call takes one
 def embedding_coherence(topics: Topics, embed_fn: Callable[[list[str]], np.ndarray],
                         top_n: int = 10) -> float:
     """Mean pairwise cosine similarity of each topic's top words' embeddings, over topics.
