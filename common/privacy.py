@@ -34,6 +34,7 @@ def laplace_noise(shape: tuple[int, ...], epsilon: float, rng: np.random.Generat
     return rng.laplace(0.0, 1.0 / epsilon, size=shape)
 
 
+# hand-written: iFTM reuses one noise draw and clips at tau; DP libraries draw afresh per query
 def privatize(counts: np.ndarray, epsilon: float | None, tau: float = 0.2,
               rng: np.random.Generator | None = None, noise: np.ndarray | None = None
               ) -> np.ndarray:

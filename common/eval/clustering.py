@@ -12,6 +12,7 @@ from sklearn.metrics import confusion_matrix, normalized_mutual_info_score
 __all__ = ["cluster_mapping", "clustering_accuracy", "clustering_metrics"]
 
 
+# hand-written: no library returns the map; sklearn's confusion_matrix under scipy's Hungarian
 def cluster_mapping(y_true: np.ndarray, y_pred: np.ndarray) -> dict[int, int]:
     """The one-to-one map from cluster ids to label ids that agrees on the most rows.
 
@@ -40,6 +41,7 @@ def cluster_mapping(y_true: np.ndarray, y_pred: np.ndarray) -> dict[int, int]:
             if table[r, c] > 0}
 
 
+# hand-written: no library scores ACC under the best one-to-one map; one np.mean over it
 def clustering_accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """ACC: the share of rows whose cluster maps to their label under :func:`cluster_mapping`.
 

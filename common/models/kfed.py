@@ -152,6 +152,7 @@ class FederatedVocabulary:
         self.min_df = min_df
         self.stop_words = stop_words
 
+    # hand-written: TfidfVectorizer fits one corpus; this IDF sums clients' document counts
     def fit(self, client_texts: Sequence[Sequence[str]]) -> FederatedVocabulary:
         """Agree on the vocabulary (and IDF) from every client's document frequencies."""
         df: dict[str, int] = {}

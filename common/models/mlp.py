@@ -61,6 +61,7 @@ class MLPParams:
                              random_state=random_state)
 
 
+# hand-written: a torch loop, not sklearn's MLP: named weights travel, Adam state persists
 class MLPClassifier:
     """Two-layer perceptron (Linear-ReLU-Linear) trained with cross-entropy.
 

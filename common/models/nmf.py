@@ -47,6 +47,7 @@ COMPONENTS = "components"
 CRITIC_PREFIX = "critic."
 
 
+# hand-written: scikit-learn's init='random' scale, which it does not expose as a function
 def init_scale(mean_count: float, n_topics: int) -> float:
     """Scale of random non-negative initial factors: sqrt(mean(X) / k), scikit-learn's
     ``init="random"`` rule, so that H C starts at the data's average magnitude."""
@@ -153,6 +154,7 @@ class NMFParams:
                       random_state=random_state)
 
 
+# hand-written: sklearn's NMF / MiniBatchNMF have no MI term nor a local H beside a shared C
 class SGDNMF:
     """NMF (+ a SMILE mutual-information term) by mini-batch stochastic gradient, in torch.
 
@@ -443,6 +445,7 @@ class SGDNMF:
         return top_words(self.components_, vocab, n)
 
 
+# hand-written: the scale-keeping MI step on H (mi_keeps_scale), specific to this model
 def _step_keeping_sums(h: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """[h + step]+ rescaled, per row, to h's sum (rows whose step zeroes them stay zero)."""
     moved = (h + step).clamp(min=0)
@@ -451,6 +454,7 @@ def _step_keeping_sums(h: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
                                torch.zeros_like(after))
 
 
+# hand-written: row proportions with an eps floor on H; sklearn's normalize has no floor
 def _critic_inputs(x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What the critic scores: word proportions and topic proportions.
 
@@ -464,6 +468,7 @@ def _critic_inputs(x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torc
             h / (h.sum(dim=1, keepdim=True) + PROPORTION_EPS))
 
 
+# hand-written: ||X - HC||^2 without the dense product; sklearn's _beta_divergence is private
 def reconstruction_loss(X: sp.spmatrix | np.ndarray, doc_topic: np.ndarray,
                         components: np.ndarray) -> float:
     """Mean squared reconstruction error per document, ||X - H C||_F^2 / n_docs, computed

@@ -176,6 +176,7 @@ class DocDraws:
     theta: torch.Tensor
 
 
+# hand-written: contextualized-topic-models' network redone: federated modes split its passes
 class NTMNet(nn.Module):
     """ProdLDA / CombinedTM network (``contextual_size`` 0 or the embedding width)."""
 
@@ -200,6 +201,7 @@ class NTMNet(nn.Module):
         self.bn_beta = nn.BatchNorm1d(vocab_size, affine=False)
         self.contextual_size = contextual_size
 
+    # hand-written: dropout from given uniforms (per document); nn.Dropout draws its own mask
     def _drop(self, h: torch.Tensor, gen: torch.Generator | None,
               u: torch.Tensor | None = None) -> torch.Tensor:
         """Inverted dropout: keep where the uniforms ``u`` (drawn per document, see
@@ -230,6 +232,7 @@ class NTMNet(nn.Module):
         mu, logvar = self.encode_unnormalized(bow, ctx, gen, u)
         return self.bn_mu(mu), self.bn_sigma(logvar)
 
+    # hand-written: closed-form Gaussian KL with learned priors, as the reference code writes it
     def kl(self, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
         """Per-document KL divergence of the posterior from the (learned) logistic-normal
         prior."""
@@ -254,6 +257,7 @@ class NTMNet(nn.Module):
         return rec + self.kl(mu, logvar)
 
 
+# hand-written: endless seeded permutations; a DataLoader ties its order to torch's global RNG
 def batch_schedule(n: int, batch_size: int, random_state: int) -> Iterator[np.ndarray]:
     """Endless mini-batches of ``range(n)``: a fresh seeded permutation every epoch, cut into
     ``batch_size`` rows (the last batch of an epoch may be smaller)."""
@@ -389,6 +393,7 @@ class NeuralTopicModel:
                                 device=self.device)
         return bow, c
 
+    # hand-written: draws seeded per (document, step) for any worker; torch has no keyed RNG
     def _noise(self, n: int, doc_ids: np.ndarray | None, step: int
                ) -> tuple[torch.Tensor, DocDraws | None]:
         """The batch's reparameterization noise and, with ``doc_noise``, its dropout uniforms,
@@ -460,6 +465,7 @@ class NeuralTopicModel:
         self.steps_ += 1
         return self
 
+    # hand-written: node batch moments from running stats, pooled; torch has nothing for it
     def merge_running_stats(self, uploads: Sequence[Mapping[str, np.ndarray]],
                             sizes: Sequence[int]) -> dict[str, np.ndarray]:
         """The batch-norm running statistics one batch norm over the union of the nodes'
@@ -582,6 +588,7 @@ class NeuralTopicModel:
             return np.zeros((0, self.n_topics))
         return torch.cat(out).cpu().numpy().astype(np.float64)
 
+    # hand-written: exp(neg. ELBO / words), as the reference code; no library scores this model
     @torch.no_grad()
     def perplexity(self, X: Any, contextual: np.ndarray | None = None) -> float:
         """exp(sum of the documents' negative ELBO / total word count), at the posterior mean:
@@ -644,6 +651,7 @@ class NeuralTopicModel:
         return model
 
 
+# hand-written: one norm ratio over several named arrays, without stacking them
 def relative_change(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]
                     ) -> float:
     """||after - before|| / ||before|| over all the named arrays of ``before``."""

@@ -57,6 +57,7 @@ N_PHASES = len(PHASES)
 ABSTAIN = "abstain"
 
 
+# hand-written: float64 mean and M2 for Chan's merge; torch.var_mean gives no M2
 def _moments(x: torch.Tensor) -> dict[str, np.ndarray]:
     """Per-feature mean and sum of squared deviations (M2) of the rows, in float64."""
     x64 = x.detach().to(torch.float64)
@@ -64,6 +65,7 @@ def _moments(x: torch.Tensor) -> dict[str, np.ndarray]:
     return {"mean": mean.cpu().numpy(), "m2": ((x64 - mean) ** 2).sum(0).cpu().numpy()}
 
 
+# hand-written: the two sums batch norm's backward needs (what SyncBatchNorm all-reduces)
 def _sums(g: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
     g64, y64 = g.detach().to(torch.float64), y.detach().to(torch.float64)
     return {"sum_g": g64.sum(0).cpu().numpy(), "sum_gy": (g64 * y64).sum(0).cpu().numpy()}
@@ -83,6 +85,7 @@ def _check_published(phase: int, arrays: Mapping[str, np.ndarray], width: int) -
                              f"{np.shape(arrays[name]) if name in arrays else 'none'}")
 
 
+# hand-written: Chan et al.'s merge of (mean, M2, n) summaries; numpy and scipy have none
 def merge_moments(uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]
                   ) -> dict[str, np.ndarray]:
     """The union's per-feature mean and biased variance (what batch norm normalizes by) from
@@ -95,6 +98,7 @@ def merge_moments(uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[i
     return {"mean": mean, "var": m2 / total, "n": np.asarray(total)}
 
 
+# hand-written: BatchNorm1d's running-stat update in numpy; torch applies it only in forward
 def moved_running_stats(bn: torch.nn.BatchNorm1d, mean: np.ndarray, var: np.ndarray,
                         n: float) -> tuple[np.ndarray, np.ndarray]:
     """``bn``'s running mean and variance after one training batch of ``n`` rows with these
@@ -114,6 +118,7 @@ def sum_uploads(uploads: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.nda
             for k in uploads[0]}
 
 
+# hand-written: SyncBatchNorm needs a torch.distributed group; here sums go by cluster rounds
 class SyncBNStep:
     """One worker's side of a synchronized-batch-norm step on its mini-batch ``rows``.
 
@@ -146,6 +151,7 @@ class SyncBNStep:
                                                    self.draws and self.draws.hidden), 1)
         self.loss_ = float("nan")
 
+    # hand-written: batch norm by given statistics, as a leaf whose grad is g; F.batch_norm hides it
     def _normalize(self, x: torch.Tensor, stats: Mapping[str, np.ndarray], eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch norm's output by the union's statistics, as a leaf (its gradient is the
@@ -156,6 +162,7 @@ class SyncBNStep:
         mean = torch.as_tensor(np.asarray(stats["mean"]), dtype=t.dtype, device=t.device)
         return ((x.detach() - mean) * inv).requires_grad_(), inv
 
+    # hand-written: batch norm's input gradient from the union's sums, as SyncBatchNorm's backward
     def _backward_input(self, y: torch.Tensor, inv: torch.Tensor,
                         sums: Mapping[str, np.ndarray]) -> torch.Tensor:
         """dL/dx of the rows from their dL/dy (``y.grad``) and the union's sums."""

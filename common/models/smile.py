@@ -29,6 +29,7 @@ from torch import nn
 __all__ = ["smile_lower_bound", "SmileCritic"]
 
 
+# hand-written: no maintained library has SMILE; follows Song & Ermon's own code
 def smile_lower_bound(scores_matched: torch.Tensor | np.ndarray,
                       scores_all: torch.Tensor | np.ndarray, tau: float = 5.0,
                       js_gradient: bool = True) -> torch.Tensor:
@@ -70,6 +71,7 @@ def smile_lower_bound(scores_matched: torch.Tensor | np.ndarray,
     return js + (smile - js).detach()
 
 
+# hand-written: first layer split so the B x B pairs form after it; no torch layer does so
 class SmileCritic(nn.Module):
     """T_theta(x, z): an MLP on the concatenation [x, z], two hidden layers (32 and 256 units
     by default, as in Si et al. 2022), ReLU.
