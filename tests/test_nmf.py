@@ -24,6 +24,7 @@ from common.models.nmf import (
 )
 from common.models.smile import SmileCritic, smile_lower_bound
 from common.net.wire import ProtocolError
+from master.baselines import simulation_baselines
 from master.families import make_server_family
 from master.strategies import ClientResult, FedAdam
 from tests.conftest import ROOT, MakeConfig, Procs, events
@@ -466,7 +467,7 @@ def test_in_process_round_and_simulation_baselines(tmp_path: Path) -> None:
         server.aggregate(rnd, results)
     after = [c.evaluate({}, server.global_.arrays) for c in clients.values()]
     assert np.mean([a["loss"] for a in after]) < np.mean(before)
-    sim = server.simulation_baselines()
+    sim = simulation_baselines(server)
     assert set(sim["centralized"]) == {"w1", "w2", "w3"}
     assert set(sim["pooled"]) == {"local-only w1", "local-only w2", "local-only w3",
                                   "federated", "centralized"}

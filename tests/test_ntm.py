@@ -336,8 +336,9 @@ def test_combinedtm_fedavg_cluster_reports_topic_scores(
     assert {e["round"] for e in wr} == {1, 2, 3}
     ppl = {r: np.mean([e["perplexity"] for e in wr if e["round"] == r]) for r in (1, 3)}
     assert ppl[3] < ppl[1], ppl  # the global model gets better on held-out documents
-    assert all("npmi" not in e and -1 <= e["npmi_doc"] <= 1 and -1 <= e["c_npmi"] <= 1
-               and -1 <= e["c_v"] <= 1 for e in wr)
+    # Every round: the document NPMI; gensim's window coherences cost seconds, so they are
+    # computed for the closing report only.
+    assert all("npmi" not in e and -1 <= e["npmi_doc"] <= 1 and "c_v" not in e for e in wr)
     summary = json.loads((out / "summary.json").read_text())
     for row in summary["comparison"]:
         assert 0 <= row["federated_macro_f1"] <= 1 and 0 <= row["local_only_macro_f1"] <= 1

@@ -315,7 +315,7 @@ class Worker:
         final = self._request(M.FETCH, {})
         if not self.ready:
             self._setup(final.body["setup"])
-        federated = self.family.evaluate(final.body["meta"], final.arrays)
+        federated = self.family.final_scores(final.body["meta"], final.arrays)
         local_only = self.family.local_baseline() if self.cfg.baselines else None
         report = {"federated": federated, "local_only": local_only,
                   "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),

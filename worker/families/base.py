@@ -69,6 +69,12 @@ class ClientFamily(ABC):
                  ) -> dict[str, float]:
         """Score a global payload on this worker's own test split."""
 
+    def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                     ) -> dict[str, float]:
+        """Scores of the final model for the closing report: :meth:`evaluate` by default; a
+        family adds here what costs too much to compute every round (gensim's coherence)."""
+        return self.evaluate(meta, arrays)
+
     def local_baseline(self) -> dict[str, float] | None:
         """Score of a model trained on this worker's data alone (same budget), if meaningful."""
         return None

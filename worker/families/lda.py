@@ -11,7 +11,7 @@ import numpy as np
 
 from common.config import ClusterConfig, build_params
 from common.data.shards import LocalData
-from common.data.text import bow_matrix, vocabulary_info
+from common.data.text import bow_matrix
 from common.eval.topics import (
     gensim_coherence,
     npmi_coherence,
@@ -20,22 +20,30 @@ from common.eval.topics import (
     topic_diversity,
 )
 from common.models.iftm import topic_normalize
-from common.models.lda_mh import LDAMH, Corpus, LDAParams, corpus_from_texts, heldout_log_likelihood
-from worker.families.base import ClientFamily, FitResult
-
-TOPICS = "topics"
+from common.models.lda_mh import (
+    LDAMH,
+    TOPICS,
+    Corpus,
+    LDAParams,
+    corpus_from_texts,
+    heldout_log_likelihood,
+)
+from worker.families.base import FitResult
+from worker.families.vocabulary import VocabularyClient
 
 
 def topic_scores(topic_word: np.ndarray, test: Corpus, reference_bow: Any, vocab: list[str],
-                 alpha: float, eval_iter: int, seed: int, reference_texts: Sequence[str]
-                 ) -> dict[str, float]:
+                 alpha: float, eval_iter: int, seed: int,
+                 reference_texts: Sequence[str] | None = None) -> dict[str, float]:
     """Held-out log-likelihood per token and perplexity (document completion) on ``test``;
     coherence of the top-10 words: document co-occurrence NPMI on ``reference_bow``
     (``npmi_doc``) and gensim's sliding-window ``c_npmi`` and ``c_v`` on ``reference_texts``
-    (the same documents, tokenized); topic diversity of the top-10 words."""
+    (the same documents, tokenized; skipped without them: seconds, so for the closing report
+    only); topic diversity of the top-10 words."""
     ll = heldout_log_likelihood(topic_word, test, alpha, eval_iter, seed)
     heads = top_words(topic_word, vocab, 10)
-    windows = gensim_coherence(heads, reference_tokens(reference_texts, vocab))
+    windows = ({} if reference_texts is None
+               else gensim_coherence(heads, reference_tokens(reference_texts, vocab)))
     return {"heldout_ll": ll["loglik"], "heldout_ll_per_token": ll["loglik_per_token"],
             "perplexity": ll["perplexity"],
             "npmi_doc": npmi_coherence(heads, reference_bow, vocab),
@@ -43,7 +51,7 @@ def topic_scores(topic_word: np.ndarray, test: Corpus, reference_bow: Any, vocab
             "diversity": topic_diversity(heads), "n_topics": float(topic_word.shape[0])}
 
 
-class LDAClient(ClientFamily):
+class LDAClient(VocabularyClient):
     """Worker side of ``model: {family: lda}`` (and ``sentencelda``).
 
     Registration sends the local vocabulary (:func:`common.data.text.local_vocabulary`) and the
@@ -67,17 +75,11 @@ class LDAClient(ClientFamily):
         super().__init__(cfg, data, device, seed)
         self.params: LDAParams = build_params(LDAParams, cfg.family_params,
                                               f"{cfg.source}: model")
-        self.train_texts, self.test_texts = data.train_texts, data.test_texts
-        self.vocabulary_: list[str] | None = None
         self.train_: Corpus | None = None
         self.test_: Corpus | None = None
         self.model_: LDAMH | None = None
 
-    def registration_info(self) -> dict[str, Any]:
-        return vocabulary_info(self.train_texts)
-
-    def setup(self, setup: Mapping[str, Any]) -> None:
-        self.vocabulary_ = list(setup["vocabulary"])
+    def setup_vocabulary(self, vocabulary: list[str]) -> None:
         self.train_ = corpus_from_texts(self.train_texts, self.vocabulary_)
         self.test_ = corpus_from_texts(self.test_texts, self.vocabulary_)
         self.reference_ = bow_matrix(self.train_texts, self.vocabulary_)
@@ -106,13 +108,21 @@ class LDAClient(ClientFamily):
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
+        return self._evaluate(arrays, reference_texts=None)
+
+    def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                     ) -> dict[str, float]:
+        return self._evaluate(arrays, reference_texts=self.train_texts)
+
+    def _evaluate(self, arrays: Mapping[str, np.ndarray],
+                  reference_texts: Sequence[str] | None) -> dict[str, float]:
         assert self.test_ is not None and self.vocabulary_ is not None, "setup() first"
         topics = np.asarray(arrays[TOPICS], dtype=np.float64)
         if topics.shape[0] == 0:  # round 1: nothing composed yet
             return {"n_topics": 0.0}
         scores = topic_scores(topics, self.test_, self.reference_, self.vocabulary_,
                               self.params.alpha, self.params.eval_iter, self.seed,
-                              self.train_texts)
+                              reference_texts)
         # identifies the payload in metrics.jsonl: each party's composed model differs
         scores["payload_fingerprint"] = float(
             (topics * np.arange(1, topics.shape[1] + 1)).sum() / topics.shape[0])

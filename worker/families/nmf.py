@@ -12,12 +12,13 @@ import scipy.sparse as sp
 
 from common.config import ClusterConfig, build_params
 from common.data.shards import LocalData
-from common.data.text import bow_matrix, vocabulary_info
+from common.data.text import bow_matrix
 from common.models.nmf import SGDNMF, NMFParams, heldout_scores
-from worker.families.base import ClientFamily, FitResult
+from worker.families.base import FitResult
+from worker.families.vocabulary import VocabularyClient
 
 
-class NMFClient(ClientFamily):
+class NMFClient(VocabularyClient):
     """Worker side of ``model: {family: nmf}``.
 
     Registration sends this worker's vocabulary with term and document frequencies
@@ -35,9 +36,7 @@ class NMFClient(ClientFamily):
         super().__init__(cfg, data, device, seed)
         self.params: NMFParams = build_params(NMFParams, cfg.family_params,
                                               f"{cfg.source}: model")
-        self.train_texts, self.test_texts = data.train_texts, data.test_texts
         self.y_train, self.y_test = data.y_train, data.y_test
-        self.vocabulary_: list[str] | None = None
         self.x_train: sp.csr_matrix | None = None
         self.x_test: sp.csr_matrix | None = None
         self.model: SGDNMF | None = None
@@ -48,11 +47,7 @@ class NMFClient(ClientFamily):
         warm.fit(dummy, epochs=1)
         heldout_scores(warm, dummy, np.arange(16) % 2, dummy, np.arange(16) % 2)
 
-    def registration_info(self) -> dict[str, Any]:
-        return vocabulary_info(self.train_texts)
-
-    def setup(self, setup: Mapping[str, Any]) -> None:
-        self.vocabulary_ = list(setup["vocabulary"])
+    def setup_vocabulary(self, vocabulary: list[str]) -> None:
         self.x_train = bow_matrix(self.train_texts, self.vocabulary_)
         self.x_test = bow_matrix(self.test_texts, self.vocabulary_)
         self.model = self.params.model(device=self.device, random_state=self.seed)

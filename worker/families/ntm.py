@@ -27,7 +27,7 @@ import scipy.sparse as sp
 
 from common.config import ClusterConfig, build_params
 from common.data.shards import LocalData, sentence_features
-from common.data.text import bow_matrix, vocabulary_info
+from common.data.text import bow_matrix
 from common.eval.topics import (
     gensim_coherence,
     inverted_rbo,
@@ -38,23 +38,26 @@ from common.eval.topics import (
 )
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
 from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
-from worker.families.base import ClientFamily, FitResult
+from worker.families.base import FitResult
+from worker.families.vocabulary import VocabularyClient
 
 
 def topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.csr_matrix,
                  c_train: np.ndarray | None, y_train: np.ndarray, x_test: sp.csr_matrix,
                  c_test: np.ndarray | None, y_test: np.ndarray, seed: int,
-                 reference_texts: Sequence[str]) -> dict[str, float]:
+                 reference_texts: Sequence[str] | None = None) -> dict[str, float]:
     """Held-out perplexity; coherence with the worker's own documents as reference (those of
     ``x_train`` and ``x_test``, ``reference_texts`` in the same order): document co-occurrence
-    NPMI (``npmi_doc``) and gensim's sliding-window ``c_npmi`` and ``c_v``; topic diversity,
+    NPMI (``npmi_doc``) and gensim's sliding-window ``c_npmi`` and ``c_v`` (skipped without
+    ``reference_texts``: seconds, so for the closing report only); topic diversity,
     inverted RBO, and a linear SVM on the topic proportions (macro-F1, accuracy)."""
     topics = model.get_topics(10, vocab)
     out: dict[str, float] = {}
     if x_test.shape[0]:
         out["perplexity"] = model.perplexity(x_test, c_test)
     out["npmi_doc"] = npmi_coherence(topics, sp.vstack([x_train, x_test]), vocab)
-    out.update(gensim_coherence(topics, reference_tokens(reference_texts, vocab)))
+    if reference_texts is not None:
+        out.update(gensim_coherence(topics, reference_tokens(reference_texts, vocab)))
     out["topic_diversity"] = topic_diversity(topics)
     out["inverted_rbo"] = inverted_rbo(topics)
     out.update(svm_scores(model.transform(x_train, c_train), y_train,
@@ -62,7 +65,7 @@ def topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.csr_matr
     return {k: float(v) for k, v in out.items() if np.isfinite(v)}
 
 
-class ProdLDAClient(ClientFamily):
+class ProdLDAClient(VocabularyClient):
     """Worker side of ``model: {family: prodlda}`` (see the module docstring)."""
 
     name = "prodlda"
@@ -74,21 +77,15 @@ class ProdLDAClient(ClientFamily):
         super().__init__(cfg, data, device, seed)
         self.params: NTMParams = build_params(NTMParams, cfg.family_params,
                                               f"{cfg.source}: model")
-        self.train_texts, self.test_texts = data.train_texts, data.test_texts
         self.y_train, self.y_test = data.y_train, data.y_test
         # Global row numbers: the per-document noise seed, the same in a centralized run.
         self.doc_ids = np.asarray(data.train_index)
-        self.vocabulary_: list[str] | None = None
         self.model: NeuralTopicModel | None = None
         self.c_train: np.ndarray | None = None
         self.c_test: np.ndarray | None = None
         self.step_: SyncBNStep | None = None  # the synchronized step under way
 
-    def registration_info(self) -> dict[str, Any]:
-        return vocabulary_info(self.train_texts)
-
-    def setup(self, setup: Mapping[str, Any]) -> None:
-        self.vocabulary_ = list(setup["vocabulary"])
+    def setup_vocabulary(self, vocabulary: list[str]) -> None:
         self.x_train = bow_matrix(self.train_texts, self.vocabulary_)
         self.x_test = bow_matrix(self.test_texts, self.vocabulary_)
         if self.contextual_size:
@@ -149,18 +146,21 @@ class ProdLDAClient(ClientFamily):
             metrics["train_loss"] = self.step_.loss_
         return FitResult(out, self.step_.n_local, metrics)
 
-    def _scores(self, model: NeuralTopicModel) -> dict[str, float]:
+    def _scores(self, model: NeuralTopicModel, final: bool = True) -> dict[str, float]:
         assert self.vocabulary_ is not None
         return topic_scores(model, self.vocabulary_, self.x_train, self.c_train, self.y_train,
                             self.x_test, self.c_test, self.y_test, self.seed,
-                            [*self.train_texts, *self.test_texts])
+                            [*self.train_texts, *self.test_texts] if final else None)
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
         if not meta.get("evaluate", True):  # a sync step: training only
             return {}
-        scorer = self._fresh().set_arrays(arrays)
-        return self._scores(scorer)
+        return self._scores(self._fresh().set_arrays(arrays), final=False)
+
+    def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                     ) -> dict[str, float]:
+        return self._scores(self._fresh().set_arrays(arrays))
 
     def local_baseline(self) -> dict[str, float]:
         """The same model on this worker's documents alone, same budget: as many steps as the
