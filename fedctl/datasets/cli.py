@@ -110,6 +110,96 @@ def _print_summary(result: BuildResult, output: Path | None) -> None:
                    "received come from the cache")
 
 
+def _check_wikipedia_options(topic: str, titles_file: str | None, history_file: str | None,
+                             n_random: int | None, category: str | None, depth: int,
+                             output: str) -> tuple[str, Path]:
+    """The canonical topic and the output path, once the options make sense together.
+
+    Checked before anything is read or fetched, so that a typo costs no requests.
+    """
+    try:
+        topic = check_topic(topic)
+    except ValueError as exc:
+        raise _fail(exc) from None
+    if not (titles_file or history_file or n_random or category):
+        raise _fail("nothing to fetch: give --titles, --history, --random and/or --category")
+    if depth and not category:
+        raise _fail("--depth needs --category")
+    out = Path(output)
+    if out.exists() and out.is_dir():
+        raise _fail(f"{out}: is a directory")
+    return topic, out
+
+
+def _read_title_files(titles_file: str | None, history_file: str | None) -> list[str]:
+    """The titles of --titles, then those of --history (duplicates are dropped later)."""
+    titles: list[str] = []
+    try:
+        if titles_file:
+            titles += read_titles(titles_file)
+        if history_file:
+            titles += read_history(history_file)
+    except DataError as exc:
+        raise _fail(exc) from None
+    return titles
+
+
+def _user_agent(user_agent: str | None, contact: str | None, api_url: str,
+                topic_api_url: str) -> str:
+    """--user-agent, or ours with --contact; a note on stderr when Wikimedia gets no contact."""
+    if user_agent is not None:
+        return user_agent
+    wikimedia = any(host in url for url in (api_url, topic_api_url)
+                    for host in ("wikipedia.org", "wikimedia.org"))
+    if contact is None and wikimedia:
+        click.echo("note: Wikimedia asks API clients for contact details in the "
+                   "User-Agent; pass --contact EMAIL_OR_URL", err=True)
+    return default_user_agent(contact)
+
+
+def _add_listed_titles(client: WikiClient, titles: list[str], n_random: int | None,
+                       category: str | None, depth: int) -> list[str]:
+    """``titles`` followed by --random's and --category's, without duplicates."""
+    if n_random:
+        titles = titles + client.random_titles(n_random)
+    if category:
+        found = client.category_titles(category, depth)
+        if not found:
+            raise _fail(f"no articles in category '{category}' (depth {depth})")
+        titles = titles + found
+    return dedupe(titles)
+
+
+def _build_with_progress(titles: list[str], client: WikiClient, progress: bool,
+                         **options: Any) -> BuildResult:
+    """:func:`build_dataset` of ``titles`` with a progress bar on stderr (unless disabled)."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(titles), unit="article", desc="wikipedia", disable=not progress,
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        return build_dataset(titles, client, progress=bar.update, **options)
+
+
+def _write_dataset(out: Path, result: BuildResult) -> None:
+    """Write the rows to ``out`` and the summary beside it, then print the summary.
+
+    Raises a ClickException, writing nothing, when no title gave a row.
+    """
+    if not result.rows:
+        _print_summary(result, None)
+        raise _fail(f"no article to write: none of the {result.requested} titles gave a page "
+                    f"with text and topic scores")
+    try:
+        write_jsonl(out, result.rows)
+        summary = json.dumps(result.summary(), ensure_ascii=False, indent=1) + "\n"
+        from common.atomic import atomic_write_bytes
+
+        atomic_write_bytes(_summary_path(out), summary.encode("utf-8"))
+    except OSError as exc:
+        raise _fail(f"{out}: cannot write ({exc.strerror or exc})") from None
+    _print_summary(result, out)
+
+
 @data.command()
 @click.option("--titles", "titles_file", metavar="FILE", default=None,
               help="Text file, one title (or article URL) per line; '#' lines skipped.")
@@ -175,55 +265,19 @@ def wikipedia(titles_file: str | None, history_file: str | None, n_random: int |
     fetches only what is left.
     """
     _setup_logging(log_level)
-    try:
-        topic = check_topic(topic)
-    except ValueError as exc:
-        raise _fail(exc) from None
-    if not (titles_file or history_file or n_random or category):
-        raise _fail("nothing to fetch: give --titles, --history, --random and/or --category")
-    if depth and not category:
-        raise _fail("--depth needs --category")
-    out = Path(output)
-    if out.exists() and out.is_dir():
-        raise _fail(f"{out}: is a directory")
-
-    titles: list[str] = []
-    try:
-        if titles_file:
-            titles += read_titles(titles_file)
-        if history_file:
-            titles += read_history(history_file)
-    except DataError as exc:
-        raise _fail(exc) from None
-
-    if user_agent is None:
-        user_agent = default_user_agent(contact)
-        wikimedia = any(host in url for url in (api_url, topic_api_url)
-                        for host in ("wikipedia.org", "wikimedia.org"))
-        if contact is None and wikimedia:
-            click.echo("note: Wikimedia asks API clients for contact details in the "
-                       "User-Agent; pass --contact EMAIL_OR_URL", err=True)
+    topic, out = _check_wikipedia_options(topic, titles_file, history_file, n_random, category,
+                                          depth, output)
+    titles = _read_title_files(titles_file, history_file)
+    agent = _user_agent(user_agent, contact, api_url, topic_api_url)
     cache = None if no_cache else ResponseCache(cache_dir or default_cache_dir())
     policy = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
     client = WikiClient(api_url, topic_api_url, concurrency=concurrency, retry=policy,
-                        cache=cache, user_agent=user_agent, maxlag=maxlag)
+                        cache=cache, user_agent=agent, maxlag=maxlag)
     try:
-        if n_random:
-            titles += client.random_titles(n_random)
-        if category:
-            found = client.category_titles(category, depth)
-            if not found:
-                raise _fail(f"no articles in category '{category}' (depth {depth})")
-            titles += found
-        titles = dedupe(titles)
-
-        from tqdm import tqdm
-
-        with tqdm(total=len(titles), unit="article", desc="wikipedia", disable=not progress,
-                  file=sys.stderr, dynamic_ncols=True) as bar:
-            result = build_dataset(titles, client, topic=topic, threshold=threshold,
-                                   batch_size=batch_size, concurrency=concurrency,
-                                   progress=bar.update)
+        titles = _add_listed_titles(client, titles, n_random, category, depth)
+        result = _build_with_progress(titles, client, progress, topic=topic,
+                                      threshold=threshold, batch_size=batch_size,
+                                      concurrency=concurrency)
     except KeyboardInterrupt:
         raise _fail("interrupted; nothing written. Rerun the same command to resume: "
                     "the answers received so far are cached") from None
@@ -231,20 +285,7 @@ def wikipedia(titles_file: str | None, history_file: str | None, n_random: int |
         raise _fail(exc) from None
     finally:
         client.close()
-
-    if not result.rows:
-        _print_summary(result, None)
-        raise _fail(f"no article to write: none of the {result.requested} titles gave a page "
-                    f"with text and topic scores")
-    try:
-        write_jsonl(out, result.rows)
-        summary = json.dumps(result.summary(), ensure_ascii=False, indent=1) + "\n"
-        from common.atomic import atomic_write_bytes
-
-        atomic_write_bytes(_summary_path(out), summary.encode("utf-8"))
-    except OSError as exc:
-        raise _fail(f"{out}: cannot write ({exc.strerror or exc})") from None
-    _print_summary(result, out)
+    _write_dataset(out, result)
 
 
 # --------------------------------------------------------------------------------------------
