@@ -110,6 +110,7 @@ class ClusterConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     compression: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     heartbeat_timeout: float = C.HEARTBEAT_TIMEOUT
+    report_timeout: float = C.REPORT_TIMEOUT
     eval_every: int = 1
     checkpoint_every: int = 1
     checkpoint_budget: float = C.CHECKPOINT_BUDGET
@@ -190,8 +191,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
            "round_deadline", "join_timeout", "data", "security", "compression",
-           "heartbeat_timeout", "eval_every", "checkpoint_every", "checkpoint_budget",
-           "output_dir", "baselines", "seed"}
+           "heartbeat_timeout", "report_timeout", "eval_every", "checkpoint_every",
+           "checkpoint_budget", "output_dir", "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
@@ -257,6 +258,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("round_deadline", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("join_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("heartbeat_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
+        ("report_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("seed", _int, "an integer"),
         ("eval_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
         ("checkpoint_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
@@ -337,6 +339,23 @@ def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key written twice in one mapping (PyYAML keeps the
+    last silently: ``rounds: 5`` then ``rounds: 7`` would run 7 rounds without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} written twice (lines {seen[key]} and {line})",
+                    key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster.yaml.
 
@@ -353,7 +372,11 @@ def load_config(path: str | Path) -> ClusterConfig:
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a UTF-8 text file") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.constructor.ConstructorError as exc:
+        if "written twice" in str(exc.problem):
+            raise ConfigError(f"{p}: {exc.problem}") from None
+        raise ConfigError(f"{p}: not valid YAML at line {exc.problem_mark.line + 1}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""

@@ -57,8 +57,10 @@ JOIN_TIMEOUT = 120.0
 #: Default longest time a round waits for uploads before aggregating what arrived.
 ROUND_DEADLINE = 120.0
 
-#: How long the master waits at the end for workers' final reports.
-REPORT_TIMEOUT = 120.0
+#: Default longest time the master waits at the end for workers' final reports. It waits only
+#: for workers still alive (their heartbeats go on while they score and train their local-only
+#: baselines, which can take long); a dead one is not waited for.
+REPORT_TIMEOUT = 3600.0
 
 #: Poll granularity of the master's and workers' event loops, in milliseconds.
 POLL_INTERVAL_MS = 20

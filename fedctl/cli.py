@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -89,11 +90,24 @@ def master(config: str, workers: int | None, rounds: int | None, output: str | N
             server.close()
 
 
+def _workers_on_this_host() -> int:
+    """``fedctl worker`` processes running on this host, this one included (from /proc on
+    Linux; 1 where there is none)."""
+    # hand-written: one count over /proc; psutil for this alone is not worth a dependency
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if b"worker" in args and any(a.endswith(b"fedctl") or a == b"fedctl.cli" for a in args):
+            count += 1
+    return max(1, count)
+
+
 def _limit_threads(n: int, report: bool = False) -> None:
     """Cap torch and every BLAS / OpenMP pool at ``n`` threads: the environment for the
     libraries not loaded yet, threadpoolctl for those already in the process."""
-    import os
-
     import torch
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -120,12 +134,21 @@ def _limit_threads(n: int, report: bool = False) -> None:
 @click.option("--rounds", type=int, default=None, help="As given to the master.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads of torch and of numpy / scikit-learn / numba's BLAS and OpenMP "
-                   "pools (default: theirs, often every core).")
+                   "pools (default: this worker's fair share of the cores, counting the "
+                   "`fedctl worker` processes running on this host when it starts; alone, "
+                   "every core).")
 @_log_level
 def worker(config: str, worker_id: str, data: str | None, device: str | None,
            workers: int | None, rounds: int | None, threads: int | None, log_level: str) -> None:
     """Run a worker: join the master, train on local data each round, report."""
     _setup_logging(log_level)
+    if threads is None:
+        here = _workers_on_this_host()
+        if here > 1:  # each taking every core, three workers made a 0.3 s round take 4 s
+            threads = max(1, (os.cpu_count() or 1) // here)
+            logging.getLogger("fedctl.worker").info(
+                "%d fedctl workers on this host: %d CPU thread(s) each (--threads to choose)",
+                here, threads)
     if threads:
         _limit_threads(threads)
     from common.net.transport import PeerUnreachable
@@ -149,22 +172,32 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
 @click.option("--output", "-o", type=click.Path(file_okay=False), default=None,
               help="Output folder (default: output_dir of the config).")
 @click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Live progress bar.")
+              help="Live progress bars (rounds, and embedding the data the first time).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a finished run in the output folder (an output folder named "
+                   "`latest` never needs it: each run gets a new folder beside it).")
 @_log_level
 def run(config: str, workers: int | None, rounds: int | None, output: str | None,
-        progress: bool, log_level: str) -> None:
+        progress: bool, overwrite: bool, log_level: str) -> None:
     """Run a whole cluster on this machine: a master and N workers as separate processes
-    over TCP loopback, with a live progress display; prints the comparison table."""
+    over TCP loopback, with a live progress display; prints the comparison table.
+
+    First checks what `fedctl check` checks. Results go to a new folder that replaces the
+    output folder only once the run has succeeded (with output_dir `runs/latest`, the default:
+    `runs/<UTC time>-<id>/`, and `runs/latest` links to it); a failed run's folder is kept as
+    `<output>.failed` with its logs.
+    """
     _setup_logging(log_level)
     try:
         cfg = _load(config, workers, rounds, output)
         # Imported once the config has loaded: a bad config is reported without waiting for
         # torch and the model families to import.
         from fedctl.run import run_local_cluster
-        from master.families import make_server_family
+        from master.preflight import preflight
 
-        make_server_family(cfg)  # the model and strategy sections, checked before any process
-        code = run_local_cluster(cfg, progress=progress, log_level=log_level)
+        preflight(cfg)  # what `fedctl check` checks, before any process starts
+        code = run_local_cluster(cfg, progress=progress, log_level=log_level,
+                                 overwrite=overwrite)
     except (ConfigError, ValueError, OSError) as exc:
         _fail(exc)
     if code:
@@ -203,28 +236,37 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
 @main.command()
 @_config
 @click.option("--family/--no-family", default=True, show_default=True,
-              help="Also build the model family and its strategy as the master does "
-                   "(imports torch, a few seconds).")
+              help="Also build the model family and its strategy as the master does, read "
+                   "every worker's data as the worker will and check the family can train on "
+                   "it (imports torch, a few seconds; nothing is embedded).")
+@click.option("--ports/--no-ports", default=True, show_default=True,
+              help="Also check the master's ports are free, when it binds them on this host.")
 @click.option("--as", "display_name", default=None, metavar="NAME",
               help="Call the file NAME in messages (to check a new file before it replaces "
                    "NAME).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def check(config: str, family: bool, display_name: str | None, as_json: bool) -> None:
-    """Check a cluster.yaml exactly as `fedctl master` and `fedctl worker` will load it.
+def check(config: str, family: bool, ports: bool, display_name: str | None,
+          as_json: bool) -> None:
+    """Check a cluster.yaml and what it points to, as `fedctl master` and `fedctl worker` will.
 
-    A bad file exits with status 1 and one line naming the file, the field and what was
-    expected; a good one prints a summary. Nothing is started or written.
+    Reads the file (a key written twice is an error naming both lines), builds the family,
+    reads each worker's data with the workers' reader (stopping at the first bad line, with
+    file:line), checks the family can train on it (labels for a classifier, documents for
+    each worker's splits, a vocabulary left after the filters, rounds enough for one step)
+    and that the master's ports are free on this host. A problem exits with status 1 and one
+    line naming it; a good file prints a summary. Nothing is started or written.
     """
     import json
 
     logging.basicConfig(level=logging.WARNING, format="Warning: %(message)s")
+    found = None
     try:
         cfg = load_config(config)
         if family:
-            from master.families import make_server_family
+            from master.preflight import preflight
 
-            make_server_family(cfg)
-    except (ConfigError, ValueError, TypeError) as exc:
+            found = preflight(cfg, ports=ports)
+    except (ConfigError, ValueError, TypeError, OSError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(text.replace(config, display_name) if display_name
                                    else text) from None
@@ -232,13 +274,26 @@ def check(config: str, family: bool, display_name: str | None, as_json: bool) ->
                "strategy": cfg.strategy["name"], "rounds": cfg.rounds,
                "workers": [w.name for w in cfg.workers], "master": cfg.master.rep_endpoint,
                "security": cfg.security.mode}
+    if found is not None:
+        summary |= {"documents": {w: {"train": a, "test": b}
+                                  for w, (a, b) in found.documents.items()},
+                    "labelled": found.labelled, "not_on_this_host": found.not_here,
+                    "ports_checked": found.ports_checked}
     if as_json:
         click.echo(json.dumps(summary))
         return
+    data = ""
+    if found is not None:
+        n = sum(a + b for a, b in found.documents.values())
+        data = (f" Data: {n} {'labelled' if found.labelled else 'unlabelled'} document(s) "
+                f"read for {len(found.documents)} worker(s)"
+                + (f" ({', '.join(found.not_here)}: own file not on this host, not read)"
+                   if found.not_here else "")
+                + ("; ports free." if found.ports_checked else "."))
     click.echo(f"{summary['config']}: valid. Family {cfg.family} (strategy "
                f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
                f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or 'none'}), "
-               f"master {summary['master']}, security {cfg.security.mode}.")
+               f"master {summary['master']}, security {cfg.security.mode}.{data}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

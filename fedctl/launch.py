@@ -83,6 +83,8 @@ class LocalCluster:
     log_level : str, default "info"
     profile_master : bool, default False
         Run the master under cProfile, writing ``<output_dir>/master.prof``.
+    progress : bool, default True
+        Progress bars in this process (the family's one-off work, e.g. embedding).
 
     Attributes
     ----------
@@ -91,7 +93,7 @@ class LocalCluster:
     """
 
     def __init__(self, cfg: ClusterConfig, log_level: str = "info",
-                 profile_master: bool = False) -> None:
+                 profile_master: bool = False, progress: bool = True) -> None:
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.logs = self.out / "logs"
@@ -99,6 +101,7 @@ class LocalCluster:
         self.log_level = log_level
         self.profile = self.out / "master.prof" if profile_master else None
         self.threads = worker_threads(len(cfg.workers))
+        self.progress = progress
         self.procs: dict[str, subprocess.Popen] = {}
 
     def prepare(self) -> None:
@@ -113,7 +116,7 @@ class LocalCluster:
             from common.net.security import keygen
 
             keygen(self.cfg.security.keys_dir, [w.name for w in self.cfg.workers])
-        server_family_class(self.cfg).prepare(self.cfg)
+        server_family_class(self.cfg).prepare(self.cfg, progress=self.progress)
 
     def _args(self) -> list[str]:
         return ["--config", str(self.config_path), "--log-level", self.log_level]

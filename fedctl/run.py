@@ -1,20 +1,33 @@
 """`fedctl run`: a whole cluster on this machine with a live progress bar, then its results.
 
 The processes are the same `fedctl master` / `fedctl worker` a user starts by hand
-(:mod:`fedctl.launch` starts them); this module only follows the master's metrics log and
-prints the comparison table at the end.
+(:mod:`fedctl.launch` starts them); this module gives the run a folder of its own, follows the
+master's metrics log and prints the comparison table at the end.
+
+Runs never mix. A run writes into a fresh folder (``<output>.partial``) that becomes the output
+folder only when the run has succeeded; a failed run's folder becomes ``<output>.failed`` with
+its logs and a ``FAILED`` file saying why, and never leaves a half-written model beside an
+older one. An ``output_dir`` named ``latest`` (the default, ``runs/latest``) keeps a history:
+each run gets ``runs/<UTC time>-<id>/`` and ``runs/latest`` links to the newest that finished.
+Any other output folder that already holds a finished run is refused unless ``--overwrite``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import shutil
 import statistics
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
 from tqdm import tqdm
 
-from common.config import ClusterConfig
+from common.atomic import atomic_write_bytes
+from common.config import ClusterConfig, ConfigError, config_to_dict
 from common.runlog import read_metrics
 from fedctl.launch import LocalCluster
 
@@ -23,13 +36,78 @@ log = logging.getLogger("fedctl.run")
 POLL_S = 0.1  # how often the metrics log and the processes are looked at
 
 
-def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str = "info") -> int:
+HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs beside it
+
+
+def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
+    """Where this run's results go: a new ``<UTC time>-<id>`` folder beside an output folder
+    named ``latest``; else the output folder itself, refused (ConfigError) when it holds a
+    finished run and ``overwrite`` is False."""
+    out = Path(cfg.output_dir)
+    if out.name == HISTORY_LINK:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        return out.parent / f"{stamp}-{secrets.token_hex(3)}"
+    if (out / "model.json").exists() and not overwrite:
+        raise ConfigError(f"{cfg.source}: output_dir: {out} holds a finished run; pass "
+                          f"--overwrite to replace it, or choose another --output")
+    return out
+
+
+def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str = "info",
+                      overwrite: bool = False) -> int:
     """Run the job; returns the exit code (0 when master and every worker succeeded)."""
-    started = time.monotonic()
-    cluster = LocalCluster(cfg, log_level=log_level)
+    final = output_folder(cfg, overwrite)
+    staging = final.with_name(final.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)  # an earlier attempt's leftovers, never a run
+    link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
+    cfg.output_dir = str(staging)
+    code = _run(cfg, progress, log_level)
+    if code == 0:
+        _publish(cfg, staging, final, link)
+        _print_results(final)
+    else:
+        _keep_failed(staging, final, code)
+    return code
+
+
+def _publish(cfg: ClusterConfig, staging: Path, final: Path, link: Path | None) -> None:
+    """Move the finished run into place (replacing an older run there only when the caller
+    allowed it) and point the history link at it."""
+    cfg.output_dir = str(final)  # what the saved config says, for `fedctl master --resume`
+    atomic_write_bytes(staging / "cluster.yaml",
+                       yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode())
+    if final.exists():
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(final)
+    if link is not None:
+        tmp = link.with_name(link.name + ".new")
+        tmp.unlink(missing_ok=True)
+        os.symlink(final.name, tmp)  # relative: the runs folder may move
+        if link.exists() and not link.is_symlink():  # a run from before the history
+            link.rename(link.with_name(f"{link.name}.before-history"))
+        tmp.replace(link)
+
+
+def _keep_failed(staging: Path, final: Path, code: int) -> None:
+    """The failed run's folder, with its logs, marked failed beside where it would have gone."""
+    if not staging.exists():
+        return
+    failed = final.with_name(final.name + ".failed")
+    shutil.rmtree(failed, ignore_errors=True)
+    (staging / "FAILED").write_text(
+        f"exit code {code}: see logs/ ({'interrupted' if code == 130 else 'a process failed'})\n")
+    staging.rename(failed)
+    log.error("the run failed; its logs are in %s", failed / "logs")
+
+
+def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
+    cluster = LocalCluster(cfg, log_level=log_level, progress=progress)
     metrics_path = cluster.out / "metrics.jsonl"
-    if metrics_path.exists():
-        metrics_path.unlink()  # this run's log, not an earlier one's
     log.info("preparing %s (once for all %d workers)", cfg.family, len(cfg.workers))
     cluster.prepare()
     cluster.start()
@@ -44,8 +122,6 @@ def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str 
     finally:
         bar.close()
         cluster.stop()
-    if code == 0:
-        _print_results(cluster.out, time.monotonic() - started)
     return code
 
 
@@ -71,8 +147,9 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
     return 0
 
 
-def _print_results(out: Path, wall: float) -> None:
+def _print_results(out: Path) -> None:
     events = read_metrics(out / "metrics.jsonl")
+    wall = events[-1]["time"] - events[0]["time"] if len(events) > 1 else 0.0
     rounds = [e for e in events if e["event"] == "round"]
     table = (out / "comparison.md").read_text() if (out / "comparison.md").exists() else ""
     print("")

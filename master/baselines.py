@@ -41,6 +41,10 @@ def simulation_baselines(family: ServerFamily) -> Baselines | None:
     return family.simulation_baselines()
 
 
+def _rows(y: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
+    return None if y is None else y[rows]
+
+
 def _shards(cfg: Any) -> tuple[dict[str, LocalData], np.ndarray, np.ndarray]:
     """Every worker's shard, and all their training and test rows."""
     shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
@@ -116,7 +120,8 @@ def fstc_baselines(family: FSTCServer) -> Baselines | None:
     cfg, p, k = family.cfg, family.params, family.n_clusters
     shards, _, _ = _shards(cfg)
     first = next(iter(shards.values()))
-    X, y = sentence_features(cfg, first.dataset), first.y
+    X = sentence_features(cfg, first.dataset)
+    y = first.y if first.labelled else None
     rows = {n: np.sort(np.concatenate([s.train_index, s.test_index]))
             for n, s in shards.items()}
     everything = np.concatenate(list(rows.values()))
@@ -132,10 +137,10 @@ def fstc_baselines(family: FSTCServer) -> Baselines | None:
     for name, r in rows.items():
         local = p.clusterer(k, random_state=worker_seed(cfg, name), iterations=budget)
         local.fit(X[r])
-        pooled[f"local-only {name}"] = local.score(X[everything], y[everything])
-    pooled["federated"] = score_clustering(y[everything], federated[everything])
-    pooled["centralized"] = score_clustering(y[everything], central_pred[everything])
-    return {"centralized": {n: score_clustering(y[r], central_pred[r])
+        pooled[f"local-only {name}"] = local.score(X[everything], _rows(y, everything))
+    pooled["federated"] = score_clustering(_rows(y, everything), federated[everything])
+    pooled["centralized"] = score_clustering(_rows(y, everything), central_pred[everything])
+    return {"centralized": {n: score_clustering(_rows(y, r), central_pred[r])
                             for n, r in rows.items()},
             "pooled": pooled}
 

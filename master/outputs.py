@@ -57,6 +57,10 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     sim = sim or {}
     rows = comparison_rows(reports, sim.get("centralized"))
     table = format_table(rows, sim.get("pooled"))
+    unlabelled = sorted(w for w, r in reports.items() if r and r.get("labelled") is False)
+    if unlabelled:
+        table += (f"\n\nNo labels on {', '.join(unlabelled)}: the scores that need them "
+                  f"(classification macro-F1 and accuracy, clustering ACC and NMI) were skipped.")
     atomic_write_bytes(out / "comparison.md", (table + "\n").encode())
     _write_json(out / "comparison.json", {"per_worker": rows, "pooled": sim.get("pooled")})
     summary = {**run, "comparison": rows, "pooled": sim.get("pooled"),

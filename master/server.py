@@ -299,11 +299,15 @@ class Master:
             else:
                 self._maybe_close_round(now)
         elif self.phase == REPORTING:
-            waiting = [w for w in self.workers.values() if w.report is None]
-            if not waiting or now >= self._report_deadline:
+            # Wait for every live worker's report (a local-only baseline may take long), not
+            # for a dead one, and never past report_timeout.
+            waiting = [w.worker_id for w in self.workers.values() if w.report is None]
+            live = [w for w in waiting if self.roster.alive(w, now)]
+            if not live or now >= self._report_deadline:
                 if waiting:
-                    log.warning("no final report from %s", ", ".join(w.worker_id
-                                                                     for w in waiting))
+                    log.warning("no final report from %s%s", ", ".join(waiting),
+                                "" if live else f" (no heartbeat for "
+                                f"{self.cfg.heartbeat_timeout:g}s)")
                 self._finish()
 
     def _maybe_start(self, now: float) -> None:
@@ -402,7 +406,7 @@ class Master:
     def _next_round(self, last: bool) -> None:
         if last:
             self.phase = REPORTING
-            self._report_deadline = time.monotonic() + C.REPORT_TIMEOUT
+            self._report_deadline = time.monotonic() + self.cfg.report_timeout
             send(self.pub, M.SHUTDOWN, {"run_id": self.run_id, "version": self.version},
                  topic=M.TOPIC_SHUTDOWN)
             self._announce()
@@ -436,7 +440,7 @@ class Master:
         self._resume_at = now + C.RESUME_GRACE
         if done >= self.cfg.rounds:
             self.round, self.phase = done, REPORTING
-            self._report_deadline = now + C.REPORT_TIMEOUT
+            self._report_deadline = now + self.cfg.report_timeout
         else:
             self.round, self.phase = done + 1, TRAINING
         self.metrics.write("resume", run_id=self.run_id, completed_round=done,

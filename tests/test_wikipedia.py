@@ -1,4 +1,4 @@
-"""Tests of the Wikipedia dataset builder (common/wikipedia.py, common/data_cli.py).
+"""Tests of the Wikipedia dataset builder (fedctl/datasets/wikipedia/, fedctl/datasets/cli.py).
 
 Every request goes to a real HTTP server on 127.0.0.1 (tests/wiki_server.py) that answers in
 the shape of the recorded MediaWiki and Lift Wing responses in tests/fixtures/wikipedia and
@@ -595,5 +595,6 @@ def test_cli_embed(tmp_path: Path) -> None:
     assert_one_line_error(cli("embed", str(tmp_path / "missing.jsonl"), "-o", str(prefix)),
                           "no such file")
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "x"}\n')
-    assert_one_line_error(cli("embed", str(bad), "-o", str(prefix)), "missing field 'label'")
+    bad.write_text('{"text": "x", "label": "a"}\n{"text": "y"}\n')
+    assert_one_line_error(cli("embed", str(bad), "-o", str(prefix)),
+                          "bad.jsonl:2: missing field 'label' (line 1 has one)")

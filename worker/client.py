@@ -319,9 +319,21 @@ class Worker:
         local_only = self.family.local_baseline() if self.cfg.baselines else None
         report = {"federated": federated, "local_only": local_only,
                   "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),
-                  "version": int(final.body.get("version", 0))}
+                  "version": int(final.body.get("version", 0)), "labelled": self.data.labelled}
         self._request(M.REPORT, {"report": report})
-        log.info("%s done: federated macro-F1 %.4f%s", self.worker_id,
-                 federated.get("macro_f1", float("nan")),
-                 f", local-only {local_only['macro_f1']:.4f}" if local_only else "")
+        log.info("%s done: federated %s%s", self.worker_id, headline(federated),
+                 f", local-only {headline(local_only)}" if local_only else "")
         return report
+
+
+#: The score a worker's closing log line names, the first of these its family reports.
+HEADLINE_SCORES = ("macro_f1", "accuracy", "perplexity", "npmi_doc", "c_npmi", "clusters_used")
+
+
+def headline(scores: dict[str, Any] | None) -> str:
+    """``"macro_f1 0.9123"``: the first of :data:`HEADLINE_SCORES` in ``scores``, whatever the
+    family (a topic model has no macro-F1)."""
+    for key in HEADLINE_SCORES:
+        if scores and key in scores:
+            return f"{key} {scores[key]:.4f}"
+    return "no scores"

@@ -178,7 +178,12 @@ def embed_texts(
             return cached
 
         dev = resolve_device(device)
-        log.log(level, "embedding %d texts with %s on %s", len(texts), model_path, dev)
+        # Said whether or not a bar shows: a long computation is worth a line in any log.
+        log.info("embedding %d texts with %s on %s", len(texts), model_path, dev)
+        if not progress:  # quiet means quiet: the model's own loading bar too
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         model = _load_model(model_path, dev)
         emb = model.encode(
             list(texts),

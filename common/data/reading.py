@@ -1,5 +1,5 @@
-"""Reading labelled text: JSON Lines files of ``{"text": ..., "label": ...}`` and the
-targets a task makes of their labels."""
+"""Reading text: JSON Lines files of ``{"text": ..., "label": ...}`` (labels optional: the
+unsupervised families train on text alone) and the targets a task makes of the labels."""
 
 from __future__ import annotations
 
@@ -32,14 +32,18 @@ class TextDataset:
     ----------
     texts : list of str
     labels : list of str
-        Integer labels in the file are converted with ``str()``.
+        Integer labels in the file are converted with ``str()``; ``""`` for every row of an
+        unlabelled file.
     path : Path or None, default None
         The file the rows came from.
+    labelled : bool, default True
+        False when the file has no labels at all.
     """
 
     texts: list[str]
     labels: list[str]
     path: Path | None = None
+    labelled: bool = True
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -48,7 +52,9 @@ class TextDataset:
 def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> TextDataset:
     """Read a JSON Lines file of ``{"text": str, "label": str | int}`` objects.
 
-    Blank lines are skipped; other fields are ignored.
+    Blank lines are skipped; other fields are ignored. ``label`` is optional, but a file has
+    it on every row or on none (a file that mixes them is an error naming the first line that
+    breaks the rule).
 
     Parameters
     ----------
@@ -68,8 +74,8 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
     ------
     DataError
         If the file is missing or empty, a line is not a JSON object, a field is missing or has
-        the wrong type, or ``limit`` < 1. Messages name the file and line, e.g.
-        ``data/x.jsonl:17: missing field 'text'``.
+        the wrong type, some rows have a label and others not, or ``limit`` < 1. Messages
+        name the file and line, e.g. ``data/x.jsonl:17: missing field 'text'``.
     """
     p = Path(path)
     if limit is not None and limit < 1:
@@ -79,6 +85,7 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
 
     texts: list[str] = []
     labels: list[str] = []
+    first: tuple[int, bool] | None = None  # the first row's line, and whether it had a label
     with p.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -89,27 +96,34 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
             except json.JSONDecodeError:
                 raise DataError(f"{where}: not valid JSON") from None
             if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object with 'text' and 'label'")
-            for field in ("text", "label"):
-                if field not in row:
-                    raise DataError(f"{where}: missing field '{field}'")
-            text, label = row["text"], row["label"]
-            if not isinstance(text, str):
+                raise DataError(f"{where}: expected a JSON object with 'text' (and 'label')")
+            if "text" not in row:
+                raise DataError(f"{where}: missing field 'text'")
+            if not isinstance(row["text"], str):
                 raise DataError(f"{where}: field 'text' must be a string")
+            has_label = "label" in row
+            if first is None:
+                first = (lineno, has_label)
+            elif has_label != first[1]:
+                raise DataError(f"{where}: missing field 'label' (line {first[0]} has one)"
+                                if first[1] else
+                                f"{where}: field 'label' where line {first[0]} has none "
+                                f"(label every row or none)")
+            label = row.get("label", "")
             # bool is an int subclass, but a true/false label is almost surely a mistake.
             if isinstance(label, bool) or not isinstance(label, (str, int)):
                 raise DataError(f"{where}: field 'label' must be a string or an integer")
-            texts.append(text)
+            texts.append(row["text"])
             labels.append(str(label))
 
-    if not texts:
+    if not texts or first is None:
         raise DataError(f"{p}: empty file (no rows)")
 
     if limit is not None and limit < len(texts):
         keep = np.sort(np.random.default_rng(seed).choice(len(texts), size=limit, replace=False))
         texts = [texts[i] for i in keep]
         labels = [labels[i] for i in keep]
-    return TextDataset(texts=texts, labels=labels, path=p)
+    return TextDataset(texts=texts, labels=labels, path=p, labelled=first[1])
 
 
 
@@ -143,6 +157,8 @@ def make_task(
         raise DataError(f"unknown task '{task}'; allowed: {', '.join(TASKS)}")
     if len(labels) == 0:
         raise DataError("no labels")
+    if not any(labels):  # an unlabelled file: no classes, every target 0
+        return np.zeros(len(labels), dtype=np.int64), []
     if task == "multiclass":
         classes = sorted(set(labels))
         index = {c: i for i, c in enumerate(classes)}

@@ -48,6 +48,12 @@ class LocalData:
         return len(self.train_index)
 
     @property
+    def labelled(self) -> bool:
+        """False for a file without labels: only the unsupervised families train on it, and
+        the scores that need labels are skipped."""
+        return self.dataset.labelled
+
+    @property
     def train_texts(self) -> list[str]:
         """The texts of the training rows, in ``train_index`` order."""
         return [self.dataset.texts[i] for i in self.train_index]
@@ -66,6 +72,13 @@ class LocalData:
     def y_test(self) -> np.ndarray:
         """Task labels of the held-out rows."""
         return np.asarray(self.y)[self.test_index]
+
+
+def unlabelled_message(path: object, family: str) -> str:
+    """The one-line error for a file without labels given to a family that needs them."""
+    return (f"{path}: no 'label' on any row, but family {family} learns from labels "
+            f"(the unsupervised families nmf, prodlda, combinedtm, fstc, lda and sentencelda "
+            f"train on text alone)")
 
 
 @lru_cache(maxsize=4)

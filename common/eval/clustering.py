@@ -9,7 +9,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import confusion_matrix, normalized_mutual_info_score
 
-__all__ = ["cluster_mapping", "clustering_accuracy", "clustering_metrics"]
+__all__ = ["cluster_mapping", "clustering_accuracy", "clustering_metrics", "cluster_sizes"]
 
 
 # hand-written: no library returns the map; sklearn's confusion_matrix under scipy's Hungarian
@@ -62,3 +62,14 @@ def clustering_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, floa
         return {"acc": float("nan"), "nmi": float("nan")}
     return {"acc": clustering_accuracy(y_true, y_pred),
             "nmi": float(normalized_mutual_info_score(y_true, y_pred))}
+
+
+def cluster_sizes(y_pred: np.ndarray) -> dict[str, float]:
+    """What can be said of a clustering without labels: how many clusters it uses
+    (``clusters_used``) and the share of the documents in its largest (``largest_cluster``)."""
+    y_pred = np.asarray(y_pred)
+    if len(y_pred) == 0:
+        return {}
+    counts = np.bincount(y_pred - y_pred.min()) if y_pred.min() < 0 else np.bincount(y_pred)
+    return {"clusters_used": float(np.count_nonzero(counts)),
+            "largest_cluster": float(counts.max() / len(y_pred))}

@@ -62,7 +62,7 @@ from threadpoolctl import threadpool_limits
 from torch import nn
 
 from common.eval.classification import classification_metrics
-from common.eval.clustering import cluster_mapping, clustering_metrics
+from common.eval.clustering import cluster_mapping, cluster_sizes, clustering_metrics
 from common.models.kfed import combine_centers, local_kmeans
 
 #: Names of the arrays a worker uploads and the master publishes.
@@ -809,7 +809,7 @@ class FSTCClusterer:
         """The cluster of every row: argmax of P."""
         return self.predict_proba(X).argmax(axis=1)
 
-    def score(self, X: Any, y: np.ndarray) -> dict[str, float]:
+    def score(self, X: Any, y: np.ndarray | None) -> dict[str, float]:
         """:func:`score_clustering` of :meth:`predict` against labels ``y`` (scoring only)."""
         return score_clustering(y, self.predict(X))
 
@@ -839,9 +839,12 @@ class FSTCClusterer:
         return self
 
 
-def score_clustering(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+def score_clustering(y_true: np.ndarray | None, y_pred: np.ndarray) -> dict[str, float]:
     """ACC (Hungarian), NMI, and macro-F1 after the same mapping, as ``accuracy``, ``nmi`` and
-    ``macro_f1`` (the names fedctl's reports and round logs read)."""
+    ``macro_f1`` (the names fedctl's reports and round logs read). Without labels
+    (``y_true`` None): :func:`~common.eval.clustering.cluster_sizes` instead."""
+    if y_true is None:
+        return cluster_sizes(y_pred)
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     scores = clustering_metrics(y_true, y_pred)
     mapping = cluster_mapping(y_true, y_pred) if len(y_true) else {}

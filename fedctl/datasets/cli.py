@@ -294,7 +294,8 @@ def wikipedia(titles_file: str | None, history_file: str | None, n_random: int |
 
 
 def _index_rows(path: Path) -> list[dict[str, Any]]:
-    """``{row, title?, text_sha256, label}`` for each non-blank line of a validated JSONL."""
+    """``{row, title?, text_sha256, label?}`` for each non-blank line of a validated JSONL
+    (labels are optional: an unlabelled file embeds as well)."""
     rows = []
     with path.open(encoding="utf-8") as fh:
         for line in fh:
@@ -305,7 +306,8 @@ def _index_rows(path: Path) -> list[dict[str, Any]]:
             if isinstance(obj.get("title"), str):
                 entry["title"] = obj["title"]
             entry["text_sha256"] = hashlib.sha256(obj["text"].encode("utf-8")).hexdigest()
-            entry["label"] = obj["label"]
+            if "label" in obj:
+                entry["label"] = obj["label"]
             rows.append(entry)
     return rows
 

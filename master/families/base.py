@@ -11,7 +11,7 @@ import numpy as np
 
 from common.aggregate import all_finite
 from common.config import ClusterConfig
-from common.data.shards import local_data, sentence_features, simulated
+from common.data.shards import LocalData, local_data, sentence_features, simulated
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.strategies import ClientResult, Strategy
@@ -44,6 +44,8 @@ class ServerFamily(ABC):
 
     name: str = "family"
     per_worker: bool = False
+    #: The family learns from labels (a classifier): ``fedctl check`` refuses a file without.
+    needs_labels: bool = False
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg
@@ -64,6 +66,11 @@ class ServerFamily(ABC):
     def check_info(self, info: Mapping[str, Any]) -> None:
         """Check a registration's ``info`` before it is accepted; raise ProtocolError
         (``bad_field``) for one :meth:`setup` could not use."""
+
+    def check_shards(self, shards: Mapping[str, LocalData]) -> None:
+        """``fedctl check`` / ``fedctl run``, before anything starts: raise ConfigError (one
+        line naming the field) for workers' data this family cannot train on (e.g. no word
+        surviving the vocabulary's filters). ``shards``: worker id -> its documents."""
 
     def admit(self, worker_id: str, info: Mapping[str, Any]) -> None:
         """Check a worker that registers after :meth:`setup`; raise ProtocolError to refuse."""
@@ -138,13 +145,14 @@ class ServerFamily(ABC):
     embeds_text: bool = False
 
     @classmethod
-    def prepare(cls, cfg: ClusterConfig) -> None:
+    def prepare(cls, cfg: ClusterConfig, progress: bool = True) -> None:
         """Work worth doing once per machine before a local cluster starts (``fedctl run``).
 
-        By default, for a family that :attr:`embeds_text`, embedding the shared dataset with a
-        progress bar so every process hits the cache."""
+        By default, for a family that :attr:`embeds_text`, embedding the shared dataset (with
+        a progress bar unless ``progress`` is False) so every process hits the cache."""
         if cls.embeds_text and simulated(cfg):
-            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset, progress=True)
+            sentence_features(cfg, local_data(cfg, cfg.workers[0].name).dataset,
+                              progress=progress)
 
 
 def check_arrays(arrays: Mapping[str, np.ndarray],

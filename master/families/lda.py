@@ -14,8 +14,8 @@ from common.models.iftm import compose, merge_models
 from common.models.lda_mh import TOPICS, LDAParams
 from common.net import errors
 from common.net.wire import ProtocolError
-from master.families.base import Payload, ServerFamily
-from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
+from master.families.base import Payload
+from master.families.vocabulary import VocabularyServer, agree_vocabulary
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -26,7 +26,7 @@ MAX_TOPICS = 1000
 ROW_SUM_TOL = 1e-3
 
 
-class LDAServer(ServerFamily):
+class LDAServer(VocabularyServer):
     """Master side of ``model: {family: lda}`` (and ``sentencelda``).
 
     ``setup`` merges the vocabularies (:func:`common.data.text.merge_vocabularies`) and fixes each
@@ -49,9 +49,6 @@ class LDAServer(ServerFamily):
         self.n_topics_: dict[str, int] = {}
         self.composed_: dict[str, np.ndarray] = {}
         self.n_words_ = 0
-
-    def check_info(self, info: Mapping[str, Any]) -> None:
-        check_vocabulary_info(info)
 
     def _topics_for(self, wid: str) -> int:
         names = sorted({w.name for w in self.cfg.workers} | set(self.n_topics_) | {wid})

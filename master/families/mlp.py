@@ -24,6 +24,7 @@ class MLPServer(ServerFamily):
     """
 
     name = "mlp"
+    needs_labels = True
     embeds_text = True
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

@@ -12,8 +12,8 @@ import numpy as np
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, build_params
 from common.models.nmf import COMPONENTS, MI_STABLE_EPOCHS, NMFParams
-from master.families.base import Payload, ServerFamily
-from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
+from master.families.base import Payload
+from master.families.vocabulary import VocabularyServer, agree_vocabulary
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -21,7 +21,7 @@ log = logging.getLogger("fedctl.master")
 #: Most words one worker may put in its registration.
 
 
-class NMFServer(ServerFamily):
+class NMFServer(VocabularyServer):
     """Master side of ``model: {family: nmf}``.
 
     The pre-training exchange merges the workers' vocabularies
@@ -66,9 +66,6 @@ class NMFServer(ServerFamily):
                         "(%d epochs at once) first; the default mi_keeps_scale: true prevents "
                         "it (docs/FEDNMF.md)",
                         cfg.rounds, p.local_epochs, p.mi_weight, epochs)
-
-    def check_info(self, info: Mapping[str, Any]) -> None:
-        check_vocabulary_info(info)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         p = self.params

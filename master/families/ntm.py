@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config import ClusterConfig, build_params
+from common.config import ClusterConfig, ConfigError, build_params
 from common.models.ntm import (
     CONTEXT_SIZE,
     NeuralTopicModel,
@@ -36,14 +36,14 @@ from common.models.ntm import (
     relative_change,
 )
 from common.models.ntm_sync_bn import ABSTAIN, N_PHASES, SyncBNReducer
-from master.families.base import Payload, ServerFamily, check_arrays
-from master.families.vocabulary import agree_vocabulary, check_vocabulary_info
+from master.families.base import Payload, check_arrays
+from master.families.vocabulary import VocabularyServer, agree_vocabulary
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
 
 
-class ProdLDAServer(ServerFamily):
+class ProdLDAServer(VocabularyServer):
     """Master side of ``model: {family: prodlda}`` (see the module docstring).
 
     The relative change of the weights ``||w_t - w_{t-1}|| / ||w_{t-1}||`` is kept per step;
@@ -59,6 +59,15 @@ class ProdLDAServer(ServerFamily):
         super().__init__(cfg, strategy)
         self.params: NTMParams = build_params(NTMParams, cfg.family_params,
                                               f"{cfg.source}: model")
+        per_step = self.params.rounds_per_step
+        if cfg.rounds < per_step:  # the run would end having trained nothing
+            raise ConfigError(f"{cfg.source}: rounds: {cfg.rounds} round(s) cannot complete one "
+                              f"synchronized step of {self.name}, which takes {per_step} rounds "
+                              f"(set rounds to at least {per_step}, or model.mode: fedavg)")
+        if cfg.rounds % per_step:
+            log.warning("%s: rounds %d is not a multiple of %d (rounds per synchronized step): "
+                        "the run stops after %d step(s)", self.name, cfg.rounds, per_step,
+                        cfg.rounds // per_step)
         self.model_: NeuralTopicModel | None = None
         self.changes_: list[float] = []
         self.steps_ = 0  # steps completed (one a round unless the batch norm is synchronized)
@@ -67,9 +76,6 @@ class ProdLDAServer(ServerFamily):
         self.step_sizes_: list[int] = []  # their batch sizes
         self.reducer_: SyncBNReducer | None = None
         self.step_start_: dict[str, np.ndarray] = {}  # the weights the step started from
-
-    def check_info(self, info: Mapping[str, Any]) -> None:
-        check_vocabulary_info(info)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         p = self.params

@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.data.text import merge_vocabularies
+from common.config import ConfigError
+from common.data.shards import LocalData
+from common.data.text import merge_vocabularies, vocabulary_info
 from common.net import errors
 from common.net.wire import ProtocolError
+from master.families.base import ServerFamily
 
 #: Most distinct words a worker may register.
 MAX_LOCAL_WORDS = 1_000_000
@@ -48,3 +51,24 @@ def agree_vocabulary(registrations: Mapping[str, Mapping[str, Any]], max_size: i
         raise ProtocolError(f"no word is in {min_df} or more of the workers' documents",
                             code=errors.REJECTED)
     return vocab
+
+
+class VocabularyServer(ServerFamily):
+    """A master half whose setup agrees on a vocabulary (``self.params`` has ``vocab_size`` and
+    ``min_df``): registrations carry a local vocabulary, and ``fedctl check`` makes sure one
+    survives the filters before anything starts."""
+
+    params: Any
+
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        check_vocabulary_info(info)
+
+    def check_shards(self, shards: Mapping[str, LocalData]) -> None:
+        """The merge the setup will do, on the workers' training texts: an agreed vocabulary
+        that is empty is a one-line error naming ``model.min_df``."""
+        infos = [vocabulary_info(s.train_texts)["vocabulary"] for s in shards.values()]
+        if not merge_vocabularies(infos, max_size=self.params.vocab_size,
+                                  min_df=self.params.min_df):
+            raise ConfigError(f"{self.cfg.source}: model.min_df: no word is in "
+                              f"{self.params.min_df} or more of the workers' training "
+                              f"documents, so the agreed vocabulary would be empty")

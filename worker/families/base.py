@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig
-from common.data.shards import LocalData
+from common.data.reading import DataError
+from common.data.shards import LocalData, unlabelled_message
 
 
 @dataclass
@@ -41,8 +42,13 @@ class ClientFamily(ABC):
     #: Uploads are parameters of the shape the master sent, so the cluster's ``compression``
     #: (a delta against them) applies. Families that upload something else set False.
     compressible: bool = True
+    #: The family learns from labels (a classifier): a file without them is refused. The
+    #: others train on text alone and skip only the scores that need labels.
+    needs_labels: bool = False
 
     def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
+        if self.needs_labels and not data.labelled:
+            raise DataError(unlabelled_message(data.dataset.path, self.name))
         self.cfg = cfg
         self.data = data
         self.device = device

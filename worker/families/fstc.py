@@ -17,6 +17,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from common.config import ClusterConfig, build_params
+from common.data.reading import DataError
 from common.data.shards import LocalData, sentence_features
 from common.models.fstc import CENTERS, COUNTS, FSTCClusterer, FSTCParams, score_clustering
 from common.models.kfed import local_kmeans
@@ -40,8 +41,12 @@ class FSTCClient(ClientFamily):
         # term finds its pairs on Φ joined with their local LSA (neighbor_lsa_dims).
         self.texts = [data.dataset.texts[i] for i in self.rows]
         self.inputs: Any = self.features if self.params.encoder == "frozen" else self.texts
-        self.y = data.y[self.rows]  # for scoring only
+        # For scoring only; without labels the scores are the clusters' sizes.
+        self.y = data.y[self.rows] if data.labelled else None
         self.n_clusters = self.params.n_clusters or len(data.classes)
+        if self.n_clusters < 2:
+            raise DataError(f"{data.dataset.path}: no labels to count the clusters by: set "
+                            f"model.n_clusters")
         self.model: FSTCClusterer | None = None
         # torch pays a one-off cost on its first training step; pay it before joining, so it
         # does not count as round 1's training time.
@@ -111,7 +116,7 @@ class FSTCClient(ClientFamily):
             scores = score_clustering(self.y, d2.argmin(axis=1))
         if self.model is not None and self.model.head_ is not None:
             local = self.model.score(self.inputs, self.y)
-            scores.update({"local_accuracy": local["accuracy"], "local_nmi": local["nmi"]})
+            scores.update({f"local_{k}": local[k] for k in ("accuracy", "nmi") if k in local})
         return scores
 
     def local_baseline(self) -> dict[str, float]:

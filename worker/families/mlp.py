@@ -18,6 +18,7 @@ class MLPClient(ClientFamily):
     """Worker side of ``model: {family: mlp}``."""
 
     name = "mlp"
+    needs_labels = True
 
     def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
         super().__init__(cfg, data, device, seed)

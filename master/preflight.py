@@ -1,0 +1,108 @@
+"""Checks before anything starts: what ``fedctl check`` and ``fedctl run`` do, and what the
+master does at its own start.
+
+It opens what the run will open, with the same readers and the same family code, and stops
+at the first problem with a one-line error naming the file and line or the field: the data
+each worker will read (its own file when it is on this machine, else its share of
+``data.path``), the family's requirements of that data (labels for a classifier, documents
+for each worker's train and test splits, a vocabulary that survives the filters, enough
+rounds for one unit of training) and the master's ports, when it binds them on this host.
+Nothing is embedded, so it stays quick.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.config import ClusterConfig, ConfigError
+from common.data.reading import DataError
+from common.data.shards import LocalData, local_data, unlabelled_message
+from master.families import ServerFamily, make_server_family
+
+#: Hosts a master reached at which binds on this machine.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "*")
+
+
+@dataclass
+class Preflight:
+    """What the checks found (for ``fedctl check``'s summary)."""
+
+    family: ServerFamily
+    documents: dict[str, tuple[int, int]] = field(default_factory=dict)  # worker -> train, test
+    labelled: bool = True
+    not_here: list[str] = field(default_factory=list)  # workers whose own file is elsewhere
+    ports_checked: bool = False
+
+
+def preflight(cfg: ClusterConfig, ports: bool = True) -> Preflight:
+    """Run every check on ``cfg``; raise ConfigError / DataError (one line) at the first
+    problem. ``ports``: also check that the master's ports are free on this host."""
+    family = make_server_family(cfg)
+    found = Preflight(family)
+    shards = worker_shards(cfg, found)
+    for wid, shard in shards.items():
+        if family.needs_labels and not shard.labelled:
+            raise DataError(unlabelled_message(shard.dataset.path, cfg.family))
+        if shard.n_train < 1 or (cfg.data.test_fraction > 0 and len(shard.test_index) < 1):
+            raise ConfigError(f"{cfg.source}: workers: {wid} gets {shard.n_train} training and "
+                              f"{len(shard.test_index)} test document(s) of "
+                              f"{shard.dataset.path}; it needs at least one of each (fewer "
+                              f"workers, more data, or another data.test_fraction)")
+        found.documents[wid] = (shard.n_train, len(shard.test_index))
+        found.labelled = found.labelled and shard.labelled
+    if shards:
+        family.check_shards(shards)
+    if ports and binds_here(cfg):
+        check_ports_free(cfg)
+        found.ports_checked = True
+    return found
+
+
+def worker_shards(cfg: ClusterConfig, found: Preflight | None = None) -> dict[str, LocalData]:
+    """Every worker's documents that can be read on this machine, read as the worker will."""
+    shards: dict[str, LocalData] = {}
+    for w in cfg.workers:
+        if w.data is not None and not Path(w.data).is_file():
+            if found is not None:  # on its own node, not this one: its worker checks it
+                found.not_here.append(w.name)
+            continue
+        shards[w.name] = local_data(cfg, w.name)
+    return shards
+
+
+def binds_here(cfg: ClusterConfig) -> bool:
+    """Whether the master of ``cfg`` runs on this machine (as with ``fedctl run``)."""
+    host = cfg.master.host
+    if host in LOCAL_HOSTS:
+        return True
+    try:
+        return socket.gethostbyname(host) in {"127.0.0.1", *_own_addresses()}
+    except OSError:
+        return False
+
+
+def _own_addresses() -> set[str]:
+    try:
+        return set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        return set()
+
+
+def check_ports_free(cfg: ClusterConfig) -> None:
+    """ConfigError naming ``master.pub_port`` / ``master.rep_port`` when one is taken here."""
+    m = cfg.master
+    bind = "" if m.bind in ("*", "0.0.0.0") else m.bind
+    for key, port in (("pub_port", m.pub_port), ("rep_port", m.rep_port)):
+        with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as s:
+            # As ZeroMQ binds: a port left in TIME_WAIT by an earlier run is free to it.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((bind, port))
+            except OSError as exc:
+                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                raise ConfigError(f"{cfg.source}: master.{key}: port {port} is {why} on this "
+                                  f"host (another fedctl master, or another program: pick a "
+                                  f"free port)") from None

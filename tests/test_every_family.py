@@ -1,0 +1,102 @@
+"""Every family through ``fedctl run`` with its baselines on, as a new user runs it: on the
+bundled labelled text and on the same text with its labels removed.
+
+A crash at the end of a run is as bad as one at the start: each run must exit 0, write its
+model and its comparison table, and leave no traceback in any log. The unsupervised families
+train on unlabelled text and say once, in the table, which scores they skipped; the classifier
+refuses it in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedctl.launch import child_env, fedctl_command
+from master.families import SERVER_FAMILIES
+from tests.conftest import DATA, ROOT, MakeConfig
+
+#: Each family at a small size: two workers, five rounds (one synchronized ProdLDA step).
+SMALL: dict[str, dict[str, Any]] = {
+    "mlp": {"hidden": 16},
+    "nmf": {"n_topics": 4, "vocab_size": 300},
+    "prodlda": {"n_topics": 4, "vocab_size": 300, "batch_size": 32},
+    "combinedtm": {"n_topics": 4, "vocab_size": 300, "mode": "fedavg"},
+    "fstc": {"n_clusters": 4, "iterations": 5, "batch_size": 64},
+    "lda": {"n_topics": 4, "sweeps": 2, "vocab_size": 300, "eval_iter": 5},
+    "sentencelda": {"n_topics": 4, "sweeps": 2, "vocab_size": 300, "eval_iter": 5},
+}
+UNSUPERVISED = sorted(set(SMALL) - {"mlp"})
+
+
+def test_every_registered_family_is_covered() -> None:
+    assert set(SMALL) == set(SERVER_FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def unlabelled_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled file with every label removed (same texts, same order)."""
+    path = tmp_path_factory.mktemp("unlabelled") / "dbpedia_unlabelled.jsonl"
+    with open(DATA) as src, open(path, "w") as dst:
+        for line in src:
+            if line.strip():
+                dst.write(json.dumps({"text": json.loads(line)["text"]}) + "\n")
+    return path
+
+
+def _run(make_config: MakeConfig, tmp_path: Path, family: str, data: Path | None
+         ) -> subprocess.CompletedProcess:
+    extra: dict[str, Any] = {"data": {"path": str(data)}} if data else {}
+    config = make_config(tmp_path, workers=2, rounds=5, baselines=True,
+                         model={"family": family, **SMALL[family]}, **extra)
+    return subprocess.run(fedctl_command("run", "--config", str(config), "--no-progress"),
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+def _assert_finished(proc: subprocess.CompletedProcess, out: Path, family: str) -> str:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert json.loads((out / "model.json").read_text())["family"] == family
+    assert (out / "model.npz").stat().st_size > 0
+    rows = json.loads((out / "summary.json").read_text())["comparison"]
+    assert [r["worker"] for r in rows] == ["w1", "w2"]
+    for name in ("master", "w1", "w2"):
+        log = (out / "logs" / f"{name}.log").read_text()
+        assert "Traceback" not in log and " done: federated " in log or name == "master", log
+    return (out / "comparison.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(SMALL))
+def test_family_runs_on_labelled_text_with_baselines(make_config: MakeConfig, tmp_path: Path,
+                                                      family: str) -> None:
+    proc = _run(make_config, tmp_path, family, None)
+    table = _assert_finished(proc, tmp_path / "out", family)
+    assert "No labels" not in table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", UNSUPERVISED)
+def test_unsupervised_family_runs_on_unlabelled_text(make_config: MakeConfig, tmp_path: Path,
+                                                     unlabelled_data: Path, family: str
+                                                     ) -> None:
+    proc = _run(make_config, tmp_path, family, unlabelled_data)
+    table = _assert_finished(proc, tmp_path / "out", family)
+    assert table.count("No labels on w1, w2: the scores that need them") == 1
+
+
+def test_classifier_refuses_unlabelled_text_in_one_line(make_config: MakeConfig,
+                                                         tmp_path: Path,
+                                                         unlabelled_data: Path) -> None:
+    proc = _run(make_config, tmp_path, "mlp", unlabelled_data)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0] == (f"Error: {unlabelled_data}: no 'label' on any row, but family mlp "
+                        f"learns from labels (the unsupervised families nmf, prodlda, "
+                        f"combinedtm, fstc, lda and sentencelda train on text alone)")
+    assert not (tmp_path / "out" / "logs").exists()  # nothing was started
