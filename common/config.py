@@ -11,6 +11,7 @@ works the same from wherever `fedctl` is started.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import yaml
 
 from common import constants as C
+from common.data.partitions import SCHEMES
+from common.data.reading import TASKS
 
 
 class ConfigError(ValueError):
@@ -276,9 +279,9 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     for key in ("cache_dir", "embedding_model", "positive"):
         v = getattr(data, key)
         _expect(v is None or (isinstance(v, str) and v), f"{src}: data.{key}", "a string", v)
-    for key in ("task", "partition"):
+    for key, allowed in (("task", TASKS), ("partition", SCHEMES)):
         v = getattr(data, key)
-        _expect(isinstance(v, str) and v, f"{src}: data.{key}", "a string", v)
+        _expect(v in allowed, f"{src}: data.{key}", f"one of {', '.join(allowed)}", v)
     _expect(data.proportions is None or (isinstance(data.proportions, list)
                                          and all(_num(x) for x in data.proportions)),
             f"{src}: data.proportions", "a list of numbers", data.proportions)
@@ -322,7 +325,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             w.data = str((base / w.data).resolve())
     if data.cache_dir:
         cfg.data.cache_dir = str((base / data.cache_dir).resolve())
-    cfg.output_dir = str((base / cfg.output_dir).resolve())
+    # Absolute, but a link (runs/latest) stays a link: it names the run history, not a run.
+    cfg.output_dir = os.path.abspath(base / cfg.output_dir)
     if cfg.security.keys_dir:
         cfg.security.keys_dir = str((base / cfg.security.keys_dir).resolve())
     return cfg

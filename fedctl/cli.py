@@ -36,7 +36,7 @@ def _load(config: str, workers: int | None = None, rounds: int | None = None,
             raise ConfigError(f"--rounds: expected an integer >= 1, got {rounds}")
         cfg.rounds = rounds
     if output is not None:
-        cfg.output_dir = str(Path(output).resolve())
+        cfg.output_dir = os.path.abspath(output)  # a link (runs/latest) stays a link
     return cfg
 
 
@@ -82,7 +82,11 @@ def master(config: str, workers: int | None, rounds: int | None, output: str | N
         cfg = _load(config, workers, rounds, output)
         server = Master(cfg, resume=resume)
         server.bind()
-        server.serve()
+        summary = server.serve()
+        unit, count = next(iter(summary.get("trained", {"rounds": 1}).items()))
+        if count == 0:  # the run "completed" but changed nothing: not a success
+            raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "
+                               f"round(s)")
     except (ConfigError, SecurityError, OSError, TimeoutError, RuntimeError) as exc:
         _fail(exc)
     finally:

@@ -14,6 +14,7 @@ Any other output folder that already holds a finished run is refused unless ``--
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -160,4 +161,8 @@ def _print_results(out: Path) -> None:
         print(f"wall time {wall:.1f} s for {len(rounds)} round(s): training {sum(durations):.2f} "
               f"s, median round {1000 * statistics.median(durations):.1f} ms, median overhead "
               f"(round - slowest worker's training) {1000 * statistics.median(overheads):.2f} ms")
+    trained = json.loads((out / "summary.json").read_text()).get("trained", {})
+    seen = sum(e.get("n_samples", 0) for e in events if e["event"] == "worker_round")
+    print("trained: " + ", ".join(f"{n} {unit}" for unit, n in trained.items())
+          + f"; {seen} documents seen by the workers over the rounds")
     print(f"model, metrics, comparison and logs in {out}")

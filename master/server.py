@@ -469,7 +469,8 @@ class Master:
             self.out, self.family, {w: s.report for w, s in self.workers.items()},
             self.cfg.baselines,
             {"run_id": self.run_id, "rounds": self.round, "version": self.version,
-             "workers": sorted(self.workers)}, self.errors_served)
+             "workers": sorted(self.workers), "trained": self.family.trained(self.version)},
+            self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         log.info("results in %s\n%s", self.out, table)
         self.phase = DONE

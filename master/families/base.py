@@ -108,6 +108,12 @@ class ServerFamily(ABC):
         self.strategy.load_state(arrays["strategy"])
         self.load_state(meta["family_meta"], arrays["family"])
 
+    def trained(self, version: int) -> dict[str, int]:
+        """What the run trained, for the closing summary: ``{"rounds": aggregations}`` by
+        default; a family whose unit of training spans rounds adds it (``steps``). The first
+        value 0 means nothing was trained, and the run does not end as a success."""
+        return {"rounds": version}
+
     def finished(self) -> bool:
         """True to stop before ``rounds`` (e.g. the weights stopped changing); checked after
         every aggregation."""

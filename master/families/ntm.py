@@ -77,6 +77,9 @@ class ProdLDAServer(VocabularyServer):
         self.reducer_: SyncBNReducer | None = None
         self.step_start_: dict[str, np.ndarray] = {}  # the weights the step started from
 
+    def trained(self, version: int) -> dict[str, int]:
+        return {"steps": self.steps_, "rounds": version}
+
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         p = self.params
         vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)

@@ -1,0 +1,205 @@
+"""A new user's first hour: bad input gets one line naming the problem before anything starts,
+runs never mix, a run says what it trained, quiet means quiet, workers share the machine.
+
+Every case runs the real ``fedctl`` command on real files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fedctl.launch import child_env, fedctl_command
+from tests.conftest import DATA, ROOT, MakeConfig, kill_tree
+
+
+def _fedctl(*args: str, timeout: float = 300, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run(fedctl_command(*args), cwd=ROOT, env=env or child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def _rows(n: int, labelled: bool = True) -> list[str]:
+    with open(DATA) as fh:
+        rows = [json.loads(line) for _, line in zip(range(n), fh, strict=False)]
+    return [json.dumps(r if labelled else {"text": r["text"]}) for r in rows]
+
+
+# ---------------------------------------------------------------- bad input -> one line
+def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
+    """A config change (and the files it points to) and the message it must produce."""
+    data = tmp / "data.jsonl"
+    rows = _rows(200)
+    if case == "missing data file":
+        return {"data": {"path": str(tmp / "nope.jsonl")}}, f"{tmp / 'nope.jsonl'}: no such file"
+    if case == "malformed line":
+        data.write_text("\n".join(rows[:5] + ["{not json"] + rows[5:]) + "\n")
+        return {"data": {"path": str(data)}}, f"{data}:6: not valid JSON"
+    if case == "empty file":
+        data.write_text("")
+        return {"data": {"path": str(data)}}, f"{data}: empty file (no rows)"
+    if case == "classifier without labels":
+        data.write_text("\n".join(_rows(200, labelled=False)) + "\n")
+        return {"data": {"path": str(data)}}, (
+            f"{data}: no 'label' on any row, but family mlp learns from labels")
+    if case == "task typo":
+        return {"data": {"task": "multiclas"}}, (
+            "data.task: expected one of multiclass, one_vs_rest, got 'multiclas'")
+    if case == "sync NTM without a whole step":
+        return {"rounds": 3, "model": {"family": "prodlda", "n_topics": 4}}, (
+            "rounds: 3 round(s) cannot complete one synchronized step of prodlda, which takes "
+            "5 rounds")
+    if case == "no word survives min_df":
+        return {"model": {"family": "nmf", "n_topics": 4, "min_df": 10_000}}, (
+            "model.min_df: no word is in 10000 or more of the workers' training documents")
+    raise AssertionError(case)
+
+
+BAD = ["missing data file", "malformed line", "empty file", "classifier without labels",
+       "task typo", "sync NTM without a whole step", "no word survives min_df"]
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_check_and_run_refuse_bad_input_in_one_line(make_config: MakeConfig, tmp_path: Path,
+                                                    case: str) -> None:
+    change, message = _bad_case(tmp_path, case)
+    config = make_config(tmp_path, **change)
+    line = _one_line_error(_fedctl("check", "--config", str(config)))
+    assert message in line, line
+    run = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
+    assert message in run, run
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.*"))  # nothing ran
+
+
+def test_key_written_twice_names_both_lines(make_config: MakeConfig, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    config.write_text(config.read_text() + "rounds: 7\n")
+    first = next(i for i, line in enumerate(config.read_text().splitlines(), 1)
+                 if line.startswith("rounds:"))
+    last = len(config.read_text().splitlines())
+    line = _one_line_error(_fedctl("check", "--config", str(config), "--no-family"))
+    assert line == f"Error: {config}: key 'rounds' written twice (lines {first} and {last})"
+
+
+def test_port_in_use_is_found_before_anything_starts(make_config: MakeConfig,
+                                                     tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    port = yaml.safe_load(config.read_text())["master"]["rep_port"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        t0 = time.monotonic()
+        line = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
+        assert f"master.rep_port: port {port} is in use on this host" in line
+        assert _one_line_error(_fedctl("check", "--config", str(config))) == line
+    assert time.monotonic() - t0 < 60 and not (tmp_path / "out").exists()
+
+
+def test_good_check_says_what_it_read(make_config: MakeConfig, tmp_path: Path) -> None:
+    proc = _fedctl("check", "--config", str(make_config(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert "valid. Family mlp" in proc.stdout
+    assert "Data: 600 labelled document(s) read for 3 worker(s); ports free." in proc.stdout
+
+
+# ---------------------------------------------------------------- runs never mix
+@pytest.mark.slow
+def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
+    config = make_config(tmp_path, workers=2, rounds=2, model={"family": "mlp", "hidden": 16})
+    out = tmp_path / "out"
+    first = _fedctl("run", "--config", str(config), "--no-progress")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "trained: 2 rounds;" in first.stdout
+    run_id = json.loads((out / "model.json").read_text())["run_id"]
+    again = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
+    assert again == (f"Error: {config}: output_dir: {out} holds a finished run; pass "
+                     f"--overwrite to replace it, or choose another --output")
+    assert json.loads((out / "model.json").read_text())["run_id"] == run_id  # untouched
+
+    # A failed run leaves its logs in out.failed and the finished run as it was.
+    bad = make_config(tmp_path, workers=2, rounds=2, name="bad.yaml",
+                      model={"family": "mlp", "hidden": 16}, join_timeout=3, min_workers=3)
+    failed = _fedctl("run", "--config", str(bad), "--no-progress", "--overwrite",
+                     "--workers", "2", timeout=300)
+    if failed.returncode != 0:
+        assert (tmp_path / "out.failed" / "FAILED").exists()
+        assert (tmp_path / "out.failed" / "logs" / "master.log").exists()
+        assert not (tmp_path / "out.failed" / "model.npz").exists()
+        assert json.loads((out / "model.json").read_text())["run_id"] == run_id
+
+    replaced = _fedctl("run", "--config", str(config), "--no-progress", "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert json.loads((out / "model.json").read_text())["run_id"] != run_id
+    assert not list(tmp_path.glob("out.partial*")) and not list(tmp_path.glob("out.old"))
+
+
+@pytest.mark.slow
+def test_latest_keeps_a_history(make_config: MakeConfig, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    config = make_config(tmp_path, workers=2, rounds=2, output_dir=str(runs / "latest"),
+                         model={"family": "mlp", "hidden": 16})
+    ids = []
+    for _ in range(2):
+        proc = _fedctl("run", "--config", str(config), "--no-progress")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ids.append(json.loads((runs / "latest" / "model.json").read_text())["run_id"])
+    folders = sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink())
+    assert len(folders) == 2 and ids[0] != ids[1]
+    assert (runs / "latest").is_symlink() and (runs / "latest").resolve() == folders[-1]
+    assert yaml.safe_load((folders[-1] / "cluster.yaml").read_text())["output_dir"] == str(
+        folders[-1])
+
+
+# ---------------------------------------------------------------- quiet, threads
+@pytest.mark.slow
+def test_no_progress_silences_every_bar(make_config: MakeConfig, tmp_path: Path) -> None:
+    data = tmp_path / "small.jsonl"
+    data.write_text("\n".join(_rows(60)) + "\n")
+    config = make_config(tmp_path, workers=2, rounds=1, baselines=False,
+                         data={"path": str(data), "cache_dir": str(tmp_path / "fresh_cache"),
+                               "limit": None},
+                         model={"family": "mlp", "hidden": 8})
+    proc = _fedctl("run", "--config", str(config), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "embedding 60 texts" in proc.stderr  # the log still says what happened
+    for bar in ("Batches", "Loading weights", "rounds:", "it/s"):
+        assert bar not in proc.stderr and bar not in proc.stdout
+
+
+def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
+                                                 tmp_path: Path) -> None:
+    config = make_config(tmp_path, workers=2)
+    env = child_env()
+    procs = []
+    try:
+        for wid in ("w1", "w2"):
+            log = open(tmp_path / f"{wid}.log", "wb")  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen(fedctl_command("worker", "--config", str(config),
+                                                          "--id", wid),
+                                           cwd=ROOT, env=env, stdout=log,
+                                           stderr=subprocess.STDOUT), log))
+            time.sleep(1.0)  # w2 starts while w1 runs
+        deadline = time.monotonic() + 60
+        expected = f"2 fedctl workers on this host: {max(1, (os.cpu_count() or 1) // 2)}"
+        while expected not in (tmp_path / "w2.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "w2.log").read_text()
+            time.sleep(0.5)
+    finally:
+        for proc, log in procs:
+            kill_tree(proc)
+            log.close()
