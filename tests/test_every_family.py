@@ -20,7 +20,8 @@ from fedctl.launch import child_env, fedctl_command
 from master.families import SERVER_FAMILIES
 from tests.conftest import DATA, ROOT, MakeConfig
 
-#: Each family at a small size: two workers, five rounds (one synchronized ProdLDA step).
+#: Each family at a small size: two workers, two rounds (five for prodlda: one synchronized
+#: step).
 SMALL: dict[str, dict[str, Any]] = {
     "mlp": {"hidden": 16},
     "nmf": {"n_topics": 4, "vocab_size": 300},
@@ -51,7 +52,8 @@ def unlabelled_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(make_config: MakeConfig, tmp_path: Path, family: str, data: Path | None
          ) -> subprocess.CompletedProcess:
     extra: dict[str, Any] = {"data": {"path": str(data)}} if data else {}
-    config = make_config(tmp_path, workers=2, rounds=5, baselines=True,
+    config = make_config(tmp_path, workers=2, rounds=5 if family == "prodlda" else 2,
+                         baselines=True,
                          model={"family": family, **SMALL[family]}, **extra)
     return subprocess.run(fedctl_command("run", "--config", str(config), "--no-progress"),
                           cwd=ROOT, env=child_env(), capture_output=True, text=True,

@@ -70,6 +70,7 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
     raise AssertionError(case)
 
 
+RUN_TOO = ("malformed line", "sync NTM without a whole step")
 BAD = ["missing data file", "malformed line", "empty file", "classifier without labels",
        "task typo", "sync NTM without a whole step", "no word survives min_df"]
 
@@ -81,9 +82,10 @@ def test_check_and_run_refuse_bad_input_in_one_line(make_config: MakeConfig, tmp
     config = make_config(tmp_path, **change)
     line = _one_line_error(_fedctl("check", "--config", str(config)))
     assert message in line, line
-    run = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
-    assert message in run, run
-    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.*"))  # nothing ran
+    if case in RUN_TOO:  # `fedctl run` calls the same checks; two cases show it (CI's time)
+        run = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
+        assert run == line
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.*"))
 
 
 def test_key_written_twice_names_both_lines(make_config: MakeConfig, tmp_path: Path) -> None:
