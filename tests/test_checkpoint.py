@@ -99,3 +99,37 @@ def test_a_newer_checkpoint_supersedes_a_pending_one_and_keeps_its_events(tmp_pa
     assert Checkpoint.load(tmp_path).meta["round"] == 5
     writer.close()
     metrics.close()
+
+
+@pytest.mark.parametrize("family", ["fstc", "mlp"])
+def test_family_snapshot_restores_everything_the_master_half_holds(tmp_path: Path,
+                                                                   family: str) -> None:
+    """Through ServerFamily.snapshot / restore and a file on disk: a resumed master's family
+    admits the same workers as before (FSTC's K and feature size included)."""
+    from common.config import parse_config
+    from master.checkpoint import capture, restore
+    from master.families import make_server_family
+
+    cfg = parse_config({"model": {"family": family}, "workers": ["w1", "w2"],
+                        "data": {"path": str(tmp_path / "unused.jsonl")}}, source="<test>")
+    rng = np.random.default_rng(0)
+    if family == "fstc":
+        info = {"n_clusters": 3, "dim": 4, "centers": rng.random((3, 4)).tolist(),
+                "counts": [5, 6, 7]}
+    else:
+        info = {"input_dim": 4, "classes": ["a", "b"]}
+    before = make_server_family(cfg)
+    before.setup({"w1": info, "w2": info})
+    ckpt = capture(before, {"family": family, "strategy": before.strategy.name})
+    with open(tmp_path / "ckpt.npz", "wb") as fh:
+        ckpt.write_to(fh)
+    (tmp_path / "ckpt.npz").rename(tmp_path / "checkpoint.npz")
+    after = make_server_family(cfg)
+    restore(Checkpoint.load(tmp_path), after)
+    assert after.setup_info_ == before.setup_info_
+    assert after.global_.arrays.keys() == before.global_.arrays.keys()
+    for name, array in before.global_.arrays.items():
+        assert np.array_equal(after.global_.arrays[name], array)
+    after.admit("w3", info)  # the resumed master takes a worker of the same model
+    if family == "fstc":
+        assert (after.n_clusters, after.dim) == (3, 4)

@@ -76,16 +76,29 @@ BAD = ["missing data file", "malformed line", "empty file", "classifier without 
 
 
 @pytest.mark.parametrize("case", BAD)
+def test_preflight_refuses_bad_input_in_one_line(make_config: MakeConfig, tmp_path: Path,
+                                                 case: str) -> None:
+    """The checks `fedctl check` and `fedctl run` make, called as they call them."""
+    from common.config import load_config
+    from master.preflight import preflight
+
+    change, message = _bad_case(tmp_path, case)
+    config = make_config(tmp_path, **change)
+    with pytest.raises(ValueError) as info:
+        preflight(load_config(config))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("case", RUN_TOO)
 def test_check_and_run_refuse_bad_input_in_one_line(make_config: MakeConfig, tmp_path: Path,
                                                     case: str) -> None:
     change, message = _bad_case(tmp_path, case)
     config = make_config(tmp_path, **change)
     line = _one_line_error(_fedctl("check", "--config", str(config)))
     assert message in line, line
-    if case in RUN_TOO:  # `fedctl run` calls the same checks; two cases show it (CI's time)
-        run = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
-        assert run == line
-        assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.*"))
+    run = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
+    assert run == line
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.*"))  # nothing ran
 
 
 def test_key_written_twice_names_both_lines(make_config: MakeConfig, tmp_path: Path) -> None:

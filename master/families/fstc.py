@@ -63,8 +63,6 @@ class FSTCServer(ServerFamily):
             raise ConfigError(f"{cfg.source}: model.init: 'pooled' clusters every worker's "
                               "representations on the master, which only a simulated cluster "
                               "(workers sharing data.path) can do; use 'kfed'")
-        self.n_clusters = 0
-        self.dim = 0
 
     # ------------------------------------------------------------------ joining
     def check_info(self, info: Mapping[str, Any]) -> None:
@@ -110,13 +108,22 @@ class FSTCServer(ServerFamily):
             centers = self._pooled_kmeans(k)
         centers = centers.astype(np.float32)
         head = FSTCClusterer(k, temperature=self.params.temperature).init_from_centers(centers)
-        self.n_clusters, self.dim = k, dim
         self.setup_info_ = {"n_clusters": k, "dim": dim}
         self.global_ = Payload({"final": self.cfg.rounds == 1},
                                {CENTERS: centers, **head.get_arrays()})
         log.info("fstc: %d clusters of %d-d representations, %s start from %d worker(s), "
                  "variant %s", k, dim, self.params.init, len(registrations), self.params.variant)
         return self.global_
+
+    # Read off setup_info_, which checkpoints keep: a resumed master knows K and the feature
+    # size without a new pre-training exchange.
+    @property
+    def n_clusters(self) -> int:
+        return int(self.setup_info_.get("n_clusters", 0))
+
+    @property
+    def dim(self) -> int:
+        return int(self.setup_info_.get("dim", 0))
 
     def _pooled_kmeans(self, k: int) -> np.ndarray:
         """The paper's start: k-means on every worker's representations (simulation only)."""
