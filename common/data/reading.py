@@ -91,30 +91,16 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
             if not line.strip():
                 continue
             where = f"{p}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise DataError(f"{where}: not valid JSON") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object with 'text' (and 'label')")
-            if "text" not in row:
-                raise DataError(f"{where}: missing field 'text'")
-            if not isinstance(row["text"], str):
-                raise DataError(f"{where}: field 'text' must be a string")
-            has_label = "label" in row
+            text, label = _parse_row(line, where)
             if first is None:
-                first = (lineno, has_label)
-            elif has_label != first[1]:
+                first = (lineno, label is not None)
+            elif (label is not None) != first[1]:
                 raise DataError(f"{where}: missing field 'label' (line {first[0]} has one)"
                                 if first[1] else
                                 f"{where}: field 'label' where line {first[0]} has none "
                                 f"(label every row or none)")
-            label = row.get("label", "")
-            # bool is an int subclass, but a true/false label is almost surely a mistake.
-            if isinstance(label, bool) or not isinstance(label, (str, int)):
-                raise DataError(f"{where}: field 'label' must be a string or an integer")
-            texts.append(row["text"])
-            labels.append(str(label))
+            texts.append(text)
+            labels.append(label or "")
 
     if not texts or first is None:
         raise DataError(f"{p}: empty file (no rows)")
@@ -126,6 +112,27 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
     return TextDataset(texts=texts, labels=labels, path=p, labelled=first[1])
 
 
+
+
+def _parse_row(line: str, where: str) -> tuple[str, str | None]:
+    """One line's text and label (None when it has none); DataError naming ``where``."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        raise DataError(f"{where}: not valid JSON") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object with 'text' (and 'label')")
+    if "text" not in row:
+        raise DataError(f"{where}: missing field 'text'")
+    if not isinstance(row["text"], str):
+        raise DataError(f"{where}: field 'text' must be a string")
+    if "label" not in row:
+        return row["text"], None
+    label = row["label"]
+    # bool is an int subclass, but a true/false label is almost surely a mistake.
+    if isinstance(label, bool) or not isinstance(label, (str, int)):
+        raise DataError(f"{where}: field 'label' must be a string or an integer")
+    return row["text"], str(label)
 
 
 def make_task(
