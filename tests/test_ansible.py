@@ -394,7 +394,7 @@ def test_deploy_installs_every_node(deployment: Deployment) -> None:
     for name in ["master", *WORKERS]:
         node = dep.node(name)
         # The project was installed into the node's own venv from the unpacked archive.
-        assert (node / "src" / "common" / "cli.py").is_file()
+        assert (node / "src" / "fedctl" / "cli.py").is_file()
         assert (node / "venv" / "bin" / "fedctl").is_file()
         assert os.access(node / "bin" / "fedctl", os.X_OK)
         assert os.access(node / "bin" / "fedctl-service", os.X_OK)

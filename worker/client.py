@@ -327,13 +327,14 @@ class Worker:
 
 
 #: The score a worker's closing log line names, the first of these its family reports.
-HEADLINE_SCORES = ("macro_f1", "accuracy", "perplexity", "npmi_doc", "c_npmi", "clusters_used")
+HEADLINE_SCORES = {"macro_f1": "macro-F1", "accuracy": "accuracy", "perplexity": "perplexity",
+                   "npmi_doc": "NPMI (doc)", "c_npmi": "C_NPMI", "clusters_used": "clusters used"}
 
 
 def headline(scores: dict[str, Any] | None) -> str:
-    """``"macro_f1 0.9123"``: the first of :data:`HEADLINE_SCORES` in ``scores``, whatever the
+    """``"macro-F1 0.9123"``: the first of :data:`HEADLINE_SCORES` in ``scores``, whatever the
     family (a topic model has no macro-F1)."""
-    for key in HEADLINE_SCORES:
+    for key, label in HEADLINE_SCORES.items():
         if scores and key in scores:
-            return f"{key} {scores[key]:.4f}"
+            return f"{label} {scores[key]:.4f}"
     return "no scores"
