@@ -159,8 +159,9 @@ def _print_results(out: Path) -> None:
         durations = [e["duration_s"] for e in rounds]
         overheads = [e["overhead_s"] for e in rounds]
         print(f"{wall:.1f} s from the master's start to its end, {len(rounds)} round(s): "
-              f"training {sum(durations):.2f} s, median round {1000 * statistics.median(durations):.1f} ms, median overhead "
-              f"(round - slowest worker's training) {1000 * statistics.median(overheads):.2f} ms")
+              f"training {sum(durations):.2f} s, median round "
+              f"{1000 * statistics.median(durations):.1f} ms, median overhead (round - slowest "
+              f"worker's training) {1000 * statistics.median(overheads):.2f} ms")
     trained = json.loads((out / "summary.json").read_text()).get("trained", {})
     seen = sum(e.get("n_samples", 0) for e in events if e["event"] == "worker_round")
     print("trained: " + ", ".join(f"{n} {unit}" for unit, n in trained.items())
