@@ -155,7 +155,7 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
                 here, threads)
     if threads:
         _limit_threads(threads)
-    from common.net.transport import PeerUnreachable
+    from common.net.transport import PeerUnreachable, RemoteError
     from worker.client import Worker
 
     if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
@@ -164,6 +164,8 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
     try:
         cfg = _load(config, workers, rounds)
         Worker(cfg, worker_id, data_path=data, device=device).run()
+    except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
+        _fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable) as exc:
         _fail(exc)  # SecurityError is a ValueError
 
