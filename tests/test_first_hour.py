@@ -218,3 +218,20 @@ def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
         for proc, log in procs:
             kill_tree(proc)
             log.close()
+
+
+def test_refused_worker_ends_with_one_line(make_config: MakeConfig, tmp_path: Path) -> None:
+    config = make_config(tmp_path, workers=2, model={"family": "nmf", "n_topics": 4})
+    own = tmp_path / "own.jsonl"
+    own.write_text("\n".join(_rows(100)) + "\n")
+    master = subprocess.Popen(fedctl_command("master", "--config", str(config)), cwd=ROOT,
+                              env=child_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        proc = _fedctl("worker", "--config", str(config), "--id", "intruder", "--data",
+                       str(own), "--threads", "1", "--log-level", "warning", timeout=120)
+        assert _one_line_error(proc) == ("Error: the master refused intruder: unknown_worker: "
+                                         "worker 'intruder' is not in this cluster's worker "
+                                         "list")
+    finally:
+        kill_tree(master)
