@@ -19,14 +19,18 @@ COLUMNS = ("local_only", "federated", "centralized")
 METRICS = {"macro_f1": "F1", "accuracy": "acc", "nmi": "NMI", "npmi_doc": "NPMI (doc)",
            "c_npmi": "C_NPMI", "c_v": "C_V", "diversity": "diversity",
            "perplexity": "perplexity"}
-#: Shown when no report carries any of :data:`METRICS` (e.g. every worker failed).
+#: Shown when no report carries any score at all (e.g. every worker failed).
 DEFAULT_METRICS = ("macro_f1", "accuracy")
+#: Most columns of a family's own scores (a plug-in's) when it reports none of METRICS.
+MAX_OWN_METRICS = 4
 
 
 def reported_metrics(scores: Iterable[Mapping[str, Any] | None]) -> list[str]:
-    """The keys of :data:`METRICS` that any of ``scores`` carries, in table order."""
+    """The keys of :data:`METRICS` that any of ``scores`` carries, in table order; for a family
+    that reports none of them (a plug-in), its own keys, sorted."""
     present = {k for s in scores if s for k in s}
-    return [m for m in METRICS if m in present] or list(DEFAULT_METRICS)
+    return ([m for m in METRICS if m in present] or sorted(present)[:MAX_OWN_METRICS]
+            or list(DEFAULT_METRICS))
 
 
 def comparison_rows(reports: Mapping[str, Mapping[str, Any] | None],
@@ -73,9 +77,9 @@ def format_table(rows: list[dict[str, Any]],
                  pooled: Mapping[str, Mapping[str, float]] | None = None) -> str:
     """A markdown table of :func:`comparison_rows` with a mean row and, where the data could
     be pooled, a second table scoring every model on all workers' test splits together."""
-    metrics = [m for m in METRICS if rows and f"federated_{m}" in rows[0]]
-    metrics = metrics or list(DEFAULT_METRICS)
-    labels = [f"{c.replace('_', '-')} {METRICS[m]}" for m in metrics for c in COLUMNS]
+    metrics = [k[len("federated_"):] for k in (rows[0] if rows else {})
+               if k.startswith("federated_")] or list(DEFAULT_METRICS)
+    labels = [f"{c.replace('_', '-')} {METRICS.get(m, m)}" for m in metrics for c in COLUMNS]
     lines = ["| worker | train | test | " + " | ".join(labels) + " |",
              "|" + "---|" * (3 + len(labels))]
     for r in rows:
@@ -92,7 +96,7 @@ def format_table(rows: list[dict[str, Any]],
     if pooled:
         shown = reported_metrics(pooled.values())
         lines += ["", "All workers' test splits pooled:", "",
-                  "| model | " + " | ".join(METRICS[m] for m in shown) + " |",
+                  "| model | " + " | ".join(METRICS.get(m, m) for m in shown) + " |",
                   "|---|" + "---|" * len(shown)]
         lines += [f"| {name} | " + " | ".join(_fmt(s.get(m)) for m in shown) + " |"
                   for name, s in pooled.items()]

@@ -104,6 +104,8 @@ def test_installed_plugin_runs_a_three_worker_cluster(installed_plugin: Path, tm
     assert int(np.argmax(freq)) == ord("e") - ord("a")
     for name in ("master", "w1", "w2", "w3"):
         assert "Traceback" not in (out / "logs" / f"{name}.log").read_text()
+    # The closing table shows the plug-in's own score, which fedctl has no label for.
+    assert "federated l1_to_own" in (out / "comparison.md").read_text()
 
 
 def test_plugin_by_reference_without_installing(tmp_path: Path) -> None:
