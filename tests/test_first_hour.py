@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from fedctl.launch import child_env, fedctl_command
-from tests.conftest import DATA, ROOT, MakeConfig, kill_tree
+from tests.conftest import DATA, ROOT, MakeConfig, events, kill_tree, wait_for
 
 
 def _fedctl(*args: str, timeout: float = 300, env: dict[str, str] | None = None
@@ -146,16 +147,21 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
                      f"--overwrite to replace it, or choose another --output")
     assert json.loads((out / "model.json").read_text())["run_id"] == run_id  # untouched
 
-    # A failed run leaves its logs in out.failed and the finished run as it was.
-    bad = make_config(tmp_path, workers=2, rounds=2, name="bad.yaml",
-                      model={"family": "mlp", "hidden": 16}, join_timeout=3, min_workers=3)
-    failed = _fedctl("run", "--config", str(bad), "--no-progress", "--overwrite",
-                     "--workers", "2", timeout=300)
-    if failed.returncode != 0:
-        assert (tmp_path / "out.failed" / "FAILED").exists()
-        assert (tmp_path / "out.failed" / "logs" / "master.log").exists()
-        assert not (tmp_path / "out.failed" / "model.npz").exists()
-        assert json.loads((out / "model.json").read_text())["run_id"] == run_id
+    # A run stopped half-way leaves its logs in out.failed and the finished run as it was.
+    stopped = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress",
+                                              "--overwrite", "--rounds", "500"),
+                               cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: events(tmp_path / "out.partial", "round"), 120, "a round")
+        stopped.send_signal(signal.SIGINT)
+        assert stopped.wait(timeout=60) == 130
+    finally:
+        kill_tree(stopped)
+    assert (tmp_path / "out.failed" / "FAILED").read_text().startswith("exit code 130")
+    assert (tmp_path / "out.failed" / "logs" / "master.log").exists()
+    assert not (tmp_path / "out.failed" / "model.npz").exists()
+    assert json.loads((out / "model.json").read_text())["run_id"] == run_id
 
     replaced = _fedctl("run", "--config", str(config), "--no-progress", "--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
