@@ -32,6 +32,10 @@ SMALL: dict[str, dict[str, Any]] = {
     "sentencelda": {"n_topics": 4, "sweeps": 2, "vocab_size": 300, "eval_iter": 5},
 }
 UNSUPERVISED = sorted(set(SMALL) - {"mlp"})
+#: Labelled runs with baselines through `fedctl run` that other tests make already (CI's time):
+#: mlp in test_cluster.py::test_fedctl_run_whole_job, combinedtm in
+#: test_ntm.py::test_combinedtm_fedavg_cluster_reports_topic_scores.
+LABELLED_ELSEWHERE = {"mlp", "combinedtm"}
 
 
 def test_every_registered_family_is_covered() -> None:
@@ -73,7 +77,7 @@ def _assert_finished(proc: subprocess.CompletedProcess, out: Path, family: str) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(SMALL))
+@pytest.mark.parametrize("family", sorted(set(SMALL) - LABELLED_ELSEWHERE))
 def test_family_runs_on_labelled_text_with_baselines(make_config: MakeConfig, tmp_path: Path,
                                                       family: str) -> None:
     proc = _run(make_config, tmp_path, family, None)

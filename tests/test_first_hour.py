@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from fedctl.launch import child_env, fedctl_command
-from tests.conftest import DATA, ROOT, MakeConfig, events, kill_tree, wait_for
+from tests.conftest import DATA, ROOT, MakeConfig, kill_tree, wait_for
 
 
 def _fedctl(*args: str, timeout: float = 300, env: dict[str, str] | None = None
@@ -149,11 +149,14 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
 
     # A run stopped half-way leaves its logs in out.failed and the finished run as it was.
     stopped = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress",
-                                              "--overwrite", "--rounds", "500"),
+                                              "--overwrite", "--rounds", "5000"),
                                cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: events(tmp_path / "out.partial", "round"), 120, "a round")
+        # The master's log, not metrics.jsonl: round events wait there for a checkpoint.
+        master_log = tmp_path / "out.partial" / "logs" / "master.log"
+        wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
+                 "a round")
         stopped.send_signal(signal.SIGINT)
         assert stopped.wait(timeout=60) == 130
     finally:
