@@ -4,13 +4,10 @@ unsupervised families train on text alone) and the targets a task makes of the l
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-log = logging.getLogger("fedctl.data")
 
 TASKS = ("multiclass", "one_vs_rest")
 
@@ -110,8 +107,6 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
         texts = [texts[i] for i in keep]
         labels = [labels[i] for i in keep]
     return TextDataset(texts=texts, labels=labels, path=p, labelled=first[1])
-
-
 
 
 def _parse_row(line: str, where: str) -> tuple[str, str | None]:
