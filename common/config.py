@@ -117,6 +117,8 @@ class ClusterConfig:
     eval_every: int = 1
     checkpoint_every: int = 1
     checkpoint_budget: float = C.CHECKPOINT_BUDGET
+    max_weight_fraction: float | None = None
+    max_message_mb: float = C.MAX_MESSAGE_BYTES / 1024**2
     output_dir: str = "runs/latest"
     baselines: bool = True
     seed: int = 0
@@ -195,7 +197,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
            "round_deadline", "join_timeout", "data", "security", "compression",
            "heartbeat_timeout", "report_timeout", "eval_every", "checkpoint_every",
-           "checkpoint_budget", "output_dir", "baselines", "seed"}
+           "checkpoint_budget", "max_weight_fraction", "max_message_mb", "output_dir",
+           "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
 
@@ -266,6 +269,9 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("eval_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
         ("checkpoint_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
         ("checkpoint_budget", lambda v: _num(v) and 0 < v <= 1, "a fraction in (0, 1]"),
+        ("max_weight_fraction", lambda v: v is None or (_num(v) and 0 < v <= 1),
+         "a fraction in (0, 1], or null for none"),
+        ("max_message_mb", lambda v: _num(v) and 0 < v <= 4096, "a size in MiB, 0-4096"),
         ("baselines", lambda v: isinstance(v, bool), "true or false"),
         ("output_dir", lambda v: isinstance(v, str) and v, "a path"),
     ):

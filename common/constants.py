@@ -14,13 +14,25 @@ PROTOCOL_VERSION = 1
 ZERO_COPY_THRESHOLD = 64 * 1024
 
 #: Largest header (frame 1) accepted, in bytes: a header carries names, shapes and small metadata.
+#: A registration's header may carry a local vocabulary (a million words fit), so this is the
+#: bound for it and for what the master sends; every other request gets MAX_REQUEST_HEADER_BYTES.
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 
-#: Largest message the master's REP socket accepts (ZMQ_MAXMSGSIZE, per frame), in bytes.
-MAX_MESSAGE_BYTES = 2 * 1024**3
+#: Largest header of a request other than ``register`` (fetch, update, report, ping carry a few
+#: hundred names and numbers): msgpack builds a 56-byte object from one byte, so a 16 MiB header
+#: of empty lists would cost the master 1 GB.
+MAX_REQUEST_HEADER_BYTES = 256 * 1024
+
+#: Most lists and maps one header may build, whatever its size (the cap on msgpack's fan-out).
+MAX_HEADER_CONTAINERS = 1_100_000  # a million-word vocabulary registers in one header
+
+#: Largest message the master's REP socket accepts, in bytes: every frame is bounded by it
+#: before it is read (ZMQ_MAXMSGSIZE: the peer is cut off), and the whole message after it is.
+#: ``max_message_mb`` in cluster.yaml overrides it for models larger than this.
+MAX_MESSAGE_BYTES = 256 * 1024**2
 
 #: Most arrays one message may carry.
-MAX_ARRAYS = 4096
+MAX_ARRAYS = 1024
 
 #: Default ports of the master.
 DEFAULT_PUB_PORT = 5555
@@ -68,6 +80,40 @@ POLL_INTERVAL_MS = 20
 #: libzmq I/O threads of the master's context: the PUB fans every model out to each worker's
 #: connection, so a second thread writes two of them at once (100 MB to 3 workers: -10 %).
 MASTER_IO_THREADS = 2
+
+#: Fair service: most requests the master answers before it looks at the open round again, so a
+#: queue of requests from one flooding peer cannot hold a round that has everything it needs.
+MAX_REQUESTS_PER_TURN = 32
+
+#: Fair service: requests per second one identity may send beyond its burst (a worker sends a
+#: ping a second, an update and a fetch a round; millisecond rounds of a tiny model stay under).
+REQUEST_RATE = 500.0
+#: Fair service: requests one identity may send at once before its rate applies.
+REQUEST_BURST = 1000
+
+#: An identity that registers again sooner than this after its last registration is refused
+#: (a registration is the one request with a large header).
+REGISTER_INTERVAL = 5.0
+
+#: Most samples a worker may declare (weights beyond it are not believable).
+MAX_SAMPLES = 1_000_000_000
+
+#: An update whose distance to the model it was built on exceeds this many times the round's
+#: lower median distance is refused for that round (a poisoned or broken update; honest ones
+#: differ by small factors).
+NORM_OUTLIER_FACTOR = 20.0
+#: An aggregate whose norm grows more than this many times over the model it replaces is not
+#: published: the round is redone without the update furthest out.
+NORM_GROWTH_LIMIT = 100.0
+
+#: A participant that stays silent (alive, but no upload) in this many rounds in a row, or that
+#: abstains this many times from a multi-round step, is excluded from the rest of the job.
+ABSTAIN_LIMIT = 3
+
+#: Longest duration a worker may report for a timing metric (``*_time``, ``*_s``), in seconds.
+MAX_TIMING_S = 1e6
+#: Largest magnitude any reported metric may have.
+MAX_METRIC = 1e12
 
 #: ZeroMQ high-water marks: bound the queues so a slow peer cannot exhaust memory.
 PUB_SNDHWM = 64

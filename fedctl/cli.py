@@ -83,6 +83,8 @@ def master(config: str, workers: int | None, rounds: int | None, output: str | N
         server = Master(cfg, resume=resume)
         server.bind()
         summary = server.serve()
+        if summary.get("failed"):
+            raise RuntimeError(summary["failed"])
         unit, count = next(iter(summary.get("trained", {"rounds": 1}).items()))
         if count == 0:  # the run "completed" but changed nothing: not a success
             raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "

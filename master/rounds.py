@@ -87,11 +87,13 @@ class Roster:
         return worker_id in self.workers
 
     def add(self, worker_id: str, n_samples: int, device: str, info: dict[str, Any]) -> bool:
-        """Register (or re-register) a worker; True if it was known already."""
+        """Register (or re-register) a worker; True if it was known already. A final report
+        already received is kept: registering again cannot take it back."""
         now = time.monotonic()
-        rejoin = worker_id in self.workers
-        self.workers[worker_id] = WorkerState(worker_id, n_samples, device, info, now, now)
-        return rejoin
+        known = self.workers.get(worker_id)
+        self.workers[worker_id] = WorkerState(worker_id, n_samples, device, info, now, now,
+                                              report=known.report if known else None)
+        return known is not None
 
     def alive(self, worker_id: str, now: float | None = None) -> bool:
         """Heard from within ``heartbeat_timeout`` (workers ping every second)."""
@@ -119,6 +121,37 @@ class Roster:
         for wid, r in registrations.items():
             self.add(wid, r["n_samples"], r["device"], r["info"])
         self.rng.bit_generator.state = rng_state
+
+
+class RateLimiter:
+    """Fair service: a token bucket per sender. Each sender may send ``burst`` requests at once
+    and ``rate`` a second after that; what goes beyond is refused, not queued.
+
+    Parameters
+    ----------
+    rate : float
+        Requests per second each sender is granted.
+    burst : int
+        Requests a sender may send at once.
+    """
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # sender -> (tokens, when)
+
+    def allow(self, sender: str, now: float | None = None) -> bool:
+        """Take a token for ``sender``; False when it has none left."""
+        now = time.monotonic() if now is None else now
+        tokens, then = self._buckets.get(sender, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        if len(self._buckets) > 100_000:  # senders the master has never admitted
+            self._buckets.clear()
+        if tokens < 1:
+            self._buckets[sender] = (tokens, now)
+            return False
+        self._buckets[sender] = (tokens - 1, now)
+        return True
 
 
 def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> bool:

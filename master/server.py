@@ -12,6 +12,7 @@ import gc
 import logging
 import secrets
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,21 @@ from common.net import errors
 from common.net import messages as M
 from common.net.compression import decompress
 from common.net.security import server_keys, start_authenticator
-from common.net.transport import bind_pub, bind_rep, recv, send, send_error
+from common.net.transport import (
+    bind_pub,
+    bind_rep,
+    decode_request,
+    recv_request,
+    send,
+    send_error,
+)
 from common.net.wire import Message, ProtocolError
 from common.runlog import MetricsLog, read_metrics
+from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
 from master.outputs import write_model, write_results
-from master.rounds import Roster, RoundState, may_close, round_events
+from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
 from master.strategies import ClientResult
 
 log = logging.getLogger("fedctl.master")
@@ -77,6 +86,13 @@ class Master:
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         self.errors_served = 0
+        self.refused: dict[str, Counter] = defaultdict(Counter)  # worker -> code -> count
+        self.excluded: dict[str, str] = {}  # worker -> why it takes no further part
+        self._silent: Counter = Counter()  # rounds in a row a live participant sent nothing
+        self._abstained: Counter = Counter()  # abstentions since a step last completed
+        self._rates = RateLimiter(C.REQUEST_RATE, C.REQUEST_BURST)
+        self._register_tried: dict[str, float] = {}  # CURVE identity -> its last register
+        self.max_message_bytes = int(cfg.max_message_mb * 1024**2)
         self.summary: dict[str, Any] = {}
         self._first_join: float | None = None
         self._join_started = time.monotonic()
@@ -112,7 +128,7 @@ class Master:
                                                                        "rep_port")):
             try:
                 sock = (bind_pub(self.ctx, endpoint, setup=setup) if attr == "pub"
-                        else bind_rep(self.ctx, endpoint, setup=setup))
+                        else bind_rep(self.ctx, endpoint, self.max_message_bytes, setup=setup))
             except zmq.ZMQError as exc:
                 self.close()
                 raise OSError(f"cannot bind {endpoint} (master.{key}): {exc.strerror}") from None
@@ -154,9 +170,12 @@ class Master:
             self._next_announce = now + C.ANNOUNCE_INTERVAL
         timeout = max(0, min(C.POLL_INTERVAL_MS, int((self._next_announce - now) * 1000)))
         if self.rep.poll(timeout, zmq.POLLIN):
-            # Drain what is waiting, then advance the job once.
-            while self.rep.poll(0, zmq.POLLIN):
+            # Serve what is waiting, but no more than a turn's share: a peer that keeps the
+            # queue full must not keep a round that has its updates from closing.
+            served = 0
+            while served < C.MAX_REQUESTS_PER_TURN and self.rep.poll(0, zmq.POLLIN):
                 self._serve_one()
+                served += 1
         self._advance(time.monotonic())
 
     def _announce(self) -> None:
@@ -168,26 +187,55 @@ class Master:
 
     # ------------------------------------------------------------------ requests
     def _serve_one(self) -> None:
+        frames, nbytes, identity = recv_request(self.rep)
+        # With CURVE the key names the sender before anything is decoded: a flooding peer is
+        # refused at the cost of a lookup.
+        if identity is not None and not self._rates.allow(identity):
+            return self._refuse(errors.BUSY, "too many requests: slow down", identity)
+        if (identity is not None and bytes(frames[0].buffer) == M.REGISTER.encode()
+                and len(frames) > 1 and len(frames[1]) > C.MAX_REQUEST_HEADER_BYTES):
+            # The one request whose header may be large: that is decoded once per
+            # REGISTER_INTERVAL a key (a small one costs no more than any other request).
+            now = time.monotonic()
+            if now - self._register_tried.get(identity, -float("inf")) < C.REGISTER_INTERVAL:
+                return self._refuse(errors.BUSY, f"register at most once every "
+                                    f"{C.REGISTER_INTERVAL:g}s", identity)
+            self._register_tried[identity] = now
         try:
-            msg, nbytes = recv(self.rep)
+            msg = decode_request(frames, nbytes, self.max_message_bytes)
         except ProtocolError as exc:
-            return self._refuse(exc.code, str(exc), "?")
+            return self._refuse(exc.code, str(exc), identity or "?")
+        del frames
         worker_id = str(msg.body.get("worker_id", "?"))[:128]
         try:
             M.check_request(msg.kind, msg.body)
+            if identity is not None and worker_id != identity:
+                raise ProtocolError(f"{msg.kind} for worker {worker_id!r} sent with the key of "
+                                    f"{identity!r}", code=errors.IDENTITY)
+            if identity is None and not self._rates.allow(worker_id):
+                raise ProtocolError("too many requests: slow down", code=errors.BUSY)
+            if worker_id in self.excluded:
+                raise ProtocolError(f"{worker_id} was excluded from this job: "
+                                    f"{self.excluded[worker_id]}", code=errors.EXCLUDED)
             handler = {M.REGISTER: self._on_register, M.FETCH: self._on_fetch,
                        M.UPDATE: self._on_update, M.REPORT: self._on_report,
                        M.PING: self._on_ping}[msg.kind]
             handler(msg, nbytes)
         except ProtocolError as exc:
-            self._refuse(exc.code, str(exc), worker_id)
+            self._refuse(exc.code, str(exc), identity or worker_id)
         except Exception as exc:  # a bug must not take the master down with it
-            log.exception("error serving %s from %s", msg.kind, worker_id)
-            self._refuse("rejected", f"{type(exc).__name__}: {exc}", worker_id)
+            log.exception("error serving %s from %r", msg.kind, worker_id)
+            self._refuse(errors.REJECTED, f"{type(exc).__name__}: {exc}", identity or worker_id)
 
-    def _refuse(self, code: str, message: str, worker_id: str) -> None:
+    def _refuse(self, code: str, message: str, sender: str) -> None:
+        """Answer with an error; the first refusal of each kind per sender is logged, the rest
+        counted (a flood must not flood the log too) and totalled in summary.json."""
         self.errors_served += 1
-        log.warning("refused request from %s: %s (%s)", worker_id, message, code)
+        self.refused[sender][code] += 1
+        level = logging.WARNING if self.refused[sender][code] == 1 else logging.DEBUG
+        log.log(level, "refused a request from %r: %s (%s)%s", sender, message, code,
+                "; further ones of this kind are counted, not logged"
+                if level == logging.WARNING else "")
         send_error(self.rep, code, message)
 
     def _worker(self, msg: Message) -> Any:
@@ -204,8 +252,16 @@ class Master:
         if self._expected and wid not in self._expected:
             raise ProtocolError(f"worker {wid!r} is not in this cluster's worker list",
                                 code=errors.UNKNOWN_WORKER)
-        if b["n_samples"] < 0:
-            raise ProtocolError("register: n_samples must be >= 0", code=errors.BAD_FIELD)
+        allowed = self.family.info_fields
+        if allowed is not None:
+            unknown = sorted(str(k)[:40] for k in b["info"] if k not in allowed)
+            if unknown:
+                raise ProtocolError(f"register.info: unknown field(s) {unknown} (this family "
+                                    f"takes {sorted(allowed)})", code=errors.BAD_FIELD)
+        known = self.workers.get(wid)
+        if known is not None and known.n_samples != b["n_samples"]:
+            raise ProtocolError(f"register: {wid} registered with {known.n_samples} samples, "
+                                f"not {b['n_samples']}", code=errors.REJECTED)
         self.family.check_info(b["info"])
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
@@ -230,7 +286,9 @@ class Master:
         if self.phase == TRAINING and self.open is None:
             raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
         payload = self.family.payload_for(ws.worker_id)
-        send(self.rep, M.MODEL, self._payload_body(payload, with_setup=True), payload.arrays)
+        # The setup (a vocabulary, a class list) only for a worker that asks for it.
+        with_setup = msg.body.get("setup", True) is not False
+        send(self.rep, M.MODEL, self._payload_body(payload, with_setup), payload.arrays)
 
     def _payload_body(self, payload: Payload, with_setup: bool) -> dict[str, Any]:
         deadline = self.open.deadline - time.monotonic() if self.open else 0.0
@@ -263,14 +321,16 @@ class Master:
         if ws.worker_id in rnd.results:  # a Lazy Pirate resend: acknowledged, not recounted
             send(self.rep, M.ACK, {"round": rnd.number, "duplicate": True})
             return
-        if b["n_samples"] < 1:
-            raise ProtocolError("update: n_samples must be >= 1", code=errors.BAD_FIELD)
+        if not 1 <= b["n_samples"] <= ws.n_samples:
+            raise ProtocolError(f"update: n_samples must be 1-{ws.n_samples}, the samples "
+                                f"{ws.worker_id} registered", code=errors.BAD_FIELD)
         M.check_metrics(b["metrics"], "update.metrics")
         arrays = decompress(str(b.get("compression", "none")), msg.arrays,
                             self.family.payload_for(ws.worker_id).arrays)
         self.family.check_update(arrays)
         rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"])
-        upload = time.time() - b["sent_at"] if isinstance(b.get("sent_at"), float) else None
+        upload = (min(max(0.0, time.time() - b["sent_at"]), C.MAX_TIMING_S)
+                  if isinstance(b.get("sent_at"), float) else None)
         rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes,
                                      **({"upload_s": upload} if upload is not None else {})}
         rnd.bytes_in += nbytes
@@ -323,12 +383,9 @@ class Master:
                          f", expecting {', '.join(sorted(self._expected - set(self.workers)))}"
                          if self._expected else "")
             return
-        regs = {w.worker_id: w.info for w in self.workers.values()}
-        try:
-            self.family.setup(regs)
-        except Exception as exc:  # check_info admitted them, so this is a family bug
-            log.exception("pre-training exchange failed")
-            raise RuntimeError(f"pre-training exchange failed: {exc}") from None
+        if not self._setup_family():
+            return
+        n = len(self.workers)
         self.phase = TRAINING
         self.round = 1
         # What start-up built (torch, the model, the vocabulary) lives to the end: out of the
@@ -338,6 +395,64 @@ class Master:
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
 
+    def _setup_family(self) -> bool:
+        """The pre-training exchange. A registration that makes it fail (each passed
+        ``check_info`` alone, but they cannot be combined: a feature size of its own, a class
+        list too long in union) is found by leaving each worker out in turn; if exactly one is
+        to blame it is excluded and the job goes on without it, else the job ends with the
+        error. True when training can start."""
+        regs = {w.worker_id: w.info for w in self.workers.values()}
+        try:
+            self.family.setup(regs)
+            return True
+        except Exception as exc:  # the family's own words, whatever it raised
+            error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ProtocolError) \
+                else str(exc)
+        blamed = []
+        for wid in sorted(regs) if len(regs) > 1 else []:
+            try:
+                make_server_family(self.cfg).setup({k: v for k, v in regs.items() if k != wid})
+            except Exception:
+                continue
+            blamed.append(wid)
+        if len(blamed) != 1:
+            self._fail(f"the pre-training exchange failed: {error}")
+            return False
+        (wid,) = blamed
+        self._exclude(wid, f"its registration breaks the pre-training exchange ({error})")
+        self.family = make_server_family(self.cfg)  # a clean one: setup() may have left state
+        if len(self.workers) < self.cfg.min_workers:
+            self._fail(f"the pre-training exchange failed: {error}; without {wid}, "
+                       f"{len(self.workers)} worker(s) are left, min_workers is "
+                       f"{self.cfg.min_workers}")
+            return False
+        self.family.setup({w.worker_id: w.info for w in self.workers.values()})
+        return True
+
+    def _exclude(self, worker_id: str, why: str) -> None:
+        """Take a worker out of the job for good: its requests are refused (``excluded``)
+        with ``why``, rounds no longer go to it, and the end does not wait for its report."""
+        self.excluded[worker_id] = why
+        self.roster.workers.pop(worker_id, None)
+        self._expected.discard(worker_id)
+        log.warning("excluded %s from the job: %s", worker_id, why)
+        self.metrics.write("excluded", worker=worker_id, reason=why, round=self.round,
+                           time=time.time())
+
+    def _fail(self, message: str) -> None:
+        """End the job cleanly without a model: one line in the log and in summary.json."""
+        log.error("%s", message)
+        self.metrics.write("failed", reason=message, round=self.round, time=time.time())
+        self.summary = {"run_id": self.run_id, "failed": message, "rounds": self.round,
+                        "refused": self._refusals(), "excluded": dict(self.excluded)}
+        self.phase = DONE
+        for _ in range(3):
+            self._announce()
+            time.sleep(C.ANNOUNCE_INTERVAL / 2)
+
+    def _refusals(self) -> dict[str, dict[str, int]]:
+        return {w: dict(c) for w, c in sorted(self.refused.items())}
+
     def _start_round(self, now: float) -> None:
         fixed = self.family.participants()  # a step of several rounds keeps its workers
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
@@ -346,10 +461,11 @@ class Master:
         first = rnd.number == 1  # the setup information rides along once
         t0 = time.perf_counter()
         if self.family.per_worker:
-            for wid in rnd.participants:
-                p = self.family.payload_for(wid)
-                rnd.broadcast_bytes += send(self.pub, M.DIRECT, self._payload_body(p, first),
-                                            p.arrays, topic=M.direct_topic(wid))
+            # Each worker's own payload is for it alone: the round is announced on PUB, which
+            # every admitted key can read, and each fetches its payload over REQ, where its key
+            # is checked (docs/PROTOCOL.md, "Per-worker payloads").
+            body = {**self._payload_body(Payload(), first), "per_worker": True}
+            rnd.broadcast_bytes = send(self.pub, M.ROUND, body, topic=M.TOPIC_ROUND)
         else:
             p = self.family.payload_for("")
             rnd.broadcast_bytes = send(self.pub, M.ROUND, self._payload_body(p, first), p.arrays,
@@ -377,9 +493,18 @@ class Master:
         if back:
             log.info("round %d: %s reported again", rnd.number, ", ".join(back))
             self._absent -= set(back)
+        self._count_silence(rnd, missing)
+        progress = next(iter(self.family.trained(self.version).values()))
         t0 = time.perf_counter()
-        self.family.aggregate(rnd.number, rnd.ordered_results())
+        if not self._aggregate(rnd):
+            self.open = None  # nothing usable came: the round goes out again, same model
+            self._start_round(time.monotonic())
+            return
         aggregate_time = time.perf_counter() - t0
+        if next(iter(self.family.trained(self.version + 1).values())) > progress:
+            # A step completed: its workers' past abstentions are forgiven.
+            for wid in rnd.results:
+                self._abstained.pop(wid, None)
         self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
@@ -402,6 +527,62 @@ class Master:
             # Handed to the writer thread only once the next round is out: its serialization
             # would otherwise hold the GIL while the main thread publishes.
             self._checkpoints.submit(ckpt, events, hold=bool(every))
+
+    def _aggregate(self, rnd: RoundState) -> bool:
+        """Screen the round's updates, aggregate, and keep the result only if it can be right
+        (:mod:`master.screening`); an aggregate that cannot is undone and retried without the
+        update furthest out. False when no update is left to aggregate."""
+        base = {w: self.family.payload_for(w).arrays for w in rnd.results}
+        dist = {w: screening.distance(r.arrays, base[w]) for w, r in rnd.results.items()}
+        counted = {w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
+        for wid, why in screening.outliers(counted).items():
+            self._leave_out(rnd, wid, why)
+        while rnd.results:
+            results = screening.cap_weights(rnd.ordered_results(), self.cfg.max_weight_fraction)
+            before, strategy_state = self.family.global_, dict(self.family.strategy.state())
+            try:
+                after = self.family.aggregate(rnd.number, results).arrays
+                problem = screening.aggregate_problem(before.arrays, after)
+            except Exception as exc:  # the family's arithmetic failed on these updates
+                log.debug("aggregation failed", exc_info=True)
+                problem = f"aggregation failed ({type(exc).__name__}: {exc})"
+            if problem is None:
+                return True
+            # Undone: the published model and the strategy's moments as they were.
+            self.family.global_ = before
+            self.family.strategy.load_state(strategy_state)
+            worst = max(rnd.results, key=lambda w: (dist[w], w))
+            self._leave_out(rnd, worst, f"{problem}; left out as the update furthest out")
+        log.warning("round %d: no update left to aggregate: the round is sent again",
+                    rnd.number)
+        return False
+
+    def _leave_out(self, rnd: RoundState, worker_id: str, why: str) -> None:
+        rnd.results.pop(worker_id, None)
+        rnd.metrics.pop(worker_id, None)
+        self.refused[worker_id][errors.OUTLIER] += 1
+        log.warning("round %d: the update of %s is left out: %s", rnd.number, worker_id, why)
+        self.metrics.write("left_out", round=rnd.number, worker=worker_id, reason=why,
+                           time=time.time())
+
+    def _count_silence(self, rnd: RoundState, missing: list[str]) -> None:
+        """A participant alive but silent ``ABSTAIN_LIMIT`` rounds in a row, or that abstains
+        that many times with no step completed in between, is excluded: a step of several
+        rounds would otherwise restart forever for its sake."""
+        now = time.monotonic()
+        silent = [w for w in missing if w in self.roster and self.roster.alive(w, now)]
+        for wid in rnd.participants:
+            if wid in silent:
+                self._silent[wid] += 1
+            else:
+                self._silent.pop(wid, None)
+        for wid, r in rnd.results.items():
+            if self.family.abstained(r):
+                self._abstained[wid] += 1
+        for wid in sorted(set(self._silent) | set(self._abstained)):
+            n = max(self._silent[wid], self._abstained[wid])
+            if n >= C.ABSTAIN_LIMIT and wid not in self.excluded:
+                self._exclude(wid, f"sent nothing usable {n} times in a row (ABSTAIN_LIMIT)")
 
     def _next_round(self, last: bool) -> None:
         if last:
@@ -469,7 +650,8 @@ class Master:
             self.out, self.family, {w: s.report for w, s in self.workers.items()},
             self.cfg.baselines,
             {"run_id": self.run_id, "rounds": self.round, "version": self.version,
-             "workers": sorted(self.workers), "trained": self.family.trained(self.version)},
+             "workers": sorted(self.workers), "trained": self.family.trained(self.version),
+             "refused": self._refusals(), "excluded": dict(self.excluded)},
             self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         log.info("results in %s\n%s", self.out, table)

@@ -290,8 +290,8 @@ def test_header_not_msgpack_is_malformed(raw):
     raises_code([b"update", raw], "malformed")
 
 
-def test_header_too_large_is_malformed():
-    raises_code([b"update", b"\x80" * (MAX_HEADER_BYTES + 1)], "malformed")
+def test_header_too_large_is_refused_as_too_large():
+    raises_code([b"update", b"\x80" * (MAX_HEADER_BYTES + 1)], "too_large")
 
 
 @pytest.mark.parametrize("value", [[1, 2, 3], "update", 7, None, b"bytes"])

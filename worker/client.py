@@ -40,6 +40,9 @@ from worker.families import ClientFamily, make_client_family
 
 log = logging.getLogger("fedctl.worker")
 
+BUSY_RETRIES = 10  # a request refused as too frequent is sent again this many times...
+BUSY_WAIT_S = 1.0  # ...this long apart (a registration may come once every REGISTER_INTERVAL)
+
 
 class Heartbeat(threading.Thread):
     """Pings the master every ``HEARTBEAT_INTERVAL`` from its own REQ socket, so the master
@@ -57,6 +60,7 @@ class Heartbeat(threading.Thread):
         self.worker_id = worker_id
         self.lost = threading.Event()
         self.stopped = threading.Event()
+        self.excluded: RemoteError | None = None  # the master took this worker out of the job
 
     def run(self) -> None:
         try:
@@ -66,6 +70,9 @@ class Heartbeat(threading.Thread):
                 except RemoteError as exc:
                     if exc.code == errors.UNKNOWN_WORKER:
                         self.lost.set()
+                    elif exc.code in (errors.EXCLUDED, errors.IDENTITY):
+                        self.excluded = exc
+                        return
                 except PeerUnreachable:
                     pass  # the master may be restarting; the main loop decides when to give up
         finally:
@@ -119,7 +126,15 @@ class Worker:
 
     def _request(self, kind: str, body: dict[str, Any], arrays: dict | None = None) -> Message:
         assert self.req is not None
-        return self.req.request(kind, {"worker_id": self.worker_id, **body}, arrays)
+        for attempt in range(BUSY_RETRIES):
+            try:
+                return self.req.request(kind, {"worker_id": self.worker_id, **body}, arrays)
+            except RemoteError as exc:
+                # Refused for sending too often (fair service): wait, then try again.
+                if exc.code != errors.BUSY or attempt == BUSY_RETRIES - 1:
+                    raise
+                time.sleep(BUSY_WAIT_S)
+        raise AssertionError("unreachable")
 
     def run(self) -> dict[str, Any]:
         """Join, train every round, send the final report; returns that report."""
@@ -128,9 +143,7 @@ class Worker:
         if self.cfg.security.curve:
             setup = client_keys(self.cfg.security.keys_dir, self.worker_id).setup
         self.sub = connect_sub(self.ctx, m.pub_endpoint, [M.TOPIC_ANNOUNCE, M.TOPIC_ROUND,
-                                                           M.TOPIC_SHUTDOWN,
-                                                           M.direct_topic(self.worker_id)],
-                               setup=setup)
+                                                           M.TOPIC_SHUTDOWN], setup=setup)
         self.req = LazyPirateClient(self.ctx, m.rep_endpoint, setup=setup)
         self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup)
         try:
@@ -200,6 +213,8 @@ class Worker:
                                        f"{self.cfg.join_timeout:g}s")
                 continue
             silent_since = now
+            if self.heartbeat is not None and self.heartbeat.excluded is not None:
+                raise self.heartbeat.excluded
             if self.heartbeat is not None and self.heartbeat.lost.is_set():
                 log.warning("the master no longer knows this worker: registering again")
                 self.heartbeat.lost.clear()
@@ -212,7 +227,7 @@ class Worker:
                 log.warning("the master restarted: registering again")
                 self._register(msg)
                 continue
-            if msg.kind in (M.ROUND, M.DIRECT):
+            if msg.kind == M.ROUND:
                 msg = self._newest(msg)
                 if msg.kind == M.SHUTDOWN:
                     return self._finish()
@@ -253,7 +268,7 @@ class Worker:
                 continue
             if queued.kind == M.SHUTDOWN:
                 return queued
-            if (queued.kind in (M.ROUND, M.DIRECT)
+            if (queued.kind == M.ROUND
                     and queued.body.get("round", 0) > msg.body.get("round", 0)):
                 msg = queued
         if int(msg.body.get("round", 0)) != first:
@@ -269,6 +284,18 @@ class Worker:
             log.debug("round %d: not sampled", rnd)
             self.last_round = rnd
             return
+        if body.get("per_worker"):
+            # This worker's own payload: not on PUB, where every admitted key could read it,
+            # but over REQ, where the master checks the key.
+            try:
+                msg = self._request(M.FETCH, {"setup": not self.ready})
+            except RemoteError as exc:
+                if exc.code != errors.NOT_READY:
+                    raise
+                return  # the round closed meanwhile; the next announcement says what is open
+            body = msg.body
+            if int(body.get("round", rnd)) != rnd:
+                return
         if not self.ready:  # round 1 carries the setup; a worker that missed it fetches it
             self._setup(body["setup"] if "setup" in body else
                         self._request(M.FETCH, {}).body["setup"])

@@ -33,6 +33,9 @@ class MLPParams:
     optimizer : {"adam", "adamw", "sgd"}, default "adam"
     lr : float, default 1e-3
     weight_decay : float, default 0.0
+    max_classes : int, default 1000
+        Most classes the master accepts in the workers' class lists (their union included): a
+        longer list is refused at registration, before it can reach every worker.
     """
 
     hidden: int = 256
@@ -41,12 +44,13 @@ class MLPParams:
     optimizer: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0
+    max_classes: int = 1000
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, "
                              f"got {self.optimizer!r}")
-        for name in ("hidden", "local_epochs", "batch_size"):
+        for name in ("hidden", "local_epochs", "batch_size", "max_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an integer >= 1")
         if self.lr <= 0:

@@ -121,8 +121,11 @@ def decompress(kind: str, received: Mapping[str, np.ndarray], base: Mapping[str,
                 delta = q.astype(np.float32) * np.float32(scale)
             else:
                 idx = _expect(received, name + _IDX, None, "i8")
+                if idx.ndim != 1 or idx.size > ref.size:
+                    raise ProtocolError(f"array {name!r}: {idx.size} top-k pairs for "
+                                        f"{ref.size} values", code=errors.SHAPE)
                 val = _expect(received, name + _VAL, idx.shape, "f4")
-                if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= ref.size)):
+                if idx.size and (idx.min() < 0 or idx.max() >= ref.size):
                     raise ProtocolError(f"array {name!r}: top-k indices out of range",
                                         code=errors.SHAPE)
                 delta = np.zeros(ref.size, np.float32)

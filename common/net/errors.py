@@ -18,10 +18,16 @@ STALE_ROUND = "stale_round"        # an update for a round that is not open
 NOT_SELECTED = "not_selected"      # an update from a worker not sampled for this round
 NOT_READY = "not_ready"            # asked for the model before there is one
 REJECTED = "rejected"              # refused by the model family (its own reason follows)
+IDENTITY = "identity"              # the worker_id is not the one the sender's key belongs to
+TOO_LARGE = "too_large"            # a message, header or list over its limit
+BUSY = "busy"                      # the sender exceeded its request rate (fair service)
+EXCLUDED = "excluded"              # the worker was excluded from this job (the reason follows)
+OUTLIER = "outlier"                # an update far outside the round's (not aggregated)
 
 #: Every code an ``error`` reply may carry.
 ERROR_CODES = (MALFORMED, VERSION, UNKNOWN_KIND, BAD_FIELD, DTYPE, SHAPE, NOT_FINITE,
-               UNKNOWN_WORKER, STALE_ROUND, NOT_SELECTED, NOT_READY, REJECTED)
+               UNKNOWN_WORKER, STALE_ROUND, NOT_SELECTED, NOT_READY, REJECTED, IDENTITY,
+               TOO_LARGE, BUSY, EXCLUDED, OUTLIER)
 
 
 class ProtocolError(ValueError):

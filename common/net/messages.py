@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common import constants as C
 from common.net import errors
 from common.net.errors import ProtocolError
 
@@ -20,8 +21,7 @@ PHASES = (JOINING, TRAINING, REPORTING, DONE)
 
 # PUB -> SUB
 ANNOUNCE = "announce"  #: master beacon: who, protocol, phase, round, version
-ROUND = "round"  #: a round's global payload, to every worker
-DIRECT = "direct"  #: a round's payload for one worker only (topic b"to/<worker id>")
+ROUND = "round"  #: a round's global payload, to every worker (or, per-worker, its opening)
 SHUTDOWN = "shutdown"  #: the job is over; workers fetch the final model, report and exit
 
 # REQ -> REP
@@ -42,15 +42,6 @@ ERROR = "error"
 TOPIC_ANNOUNCE = b"announce"
 TOPIC_ROUND = b"round"
 TOPIC_SHUTDOWN = b"shutdown"
-
-
-def direct_topic(worker_id: str) -> bytes:
-    """PUB topic of the payloads meant for one worker alone.
-
-    The trailing NUL keeps worker ``w1`` from also receiving ``w10``'s payloads, since ZeroMQ
-    subscriptions match by prefix.
-    """
-    return b"to/" + worker_id.encode() + b"\0"
 
 
 #: Error codes of ``error`` replies: :mod:`common.net.errors`.
@@ -95,11 +86,28 @@ def check_metrics(metrics: Any, where: str) -> dict[str, float]:
                 float("inf"), float("-inf")):
             raise ProtocolError(f"{where}: metric {k!r} must be a finite number",
                                 code=errors.BAD_FIELD)
+        if abs(v) > C.MAX_METRIC or (is_timing(k) and not 0 <= v <= C.MAX_TIMING_S):
+            raise ProtocolError(f"{where}: metric {k!r} = {v!r} is out of range",
+                                code=errors.BAD_FIELD)
     return metrics
 
 
+def is_timing(name: str) -> bool:
+    """A metric that is a duration in seconds (``train_time``, ``broadcast_s``)."""
+    return name.endswith(("_time", "_s"))
+
+
+#: The fields of a final report; any other is refused (not stored).
+REPORT_FIELDS = frozenset({"federated", "local_only", "n_train", "n_test", "version", "labelled"})
+
+
 def check_report(report: dict[str, Any]) -> None:
-    """Check a final report: scores maps (or null) and sizes."""
+    """Check a final report: known fields only, scores maps (or null) and sizes."""
+    unknown = sorted(str(k)[:40] for k in report if k not in REPORT_FIELDS)
+    if unknown:
+        raise ProtocolError(f"report: unknown field(s) {unknown}", code=errors.BAD_FIELD)
+    if not isinstance(report.get("labelled", False), bool):
+        raise ProtocolError("report.labelled: expected true or false", code=errors.BAD_FIELD)
     for key in ("federated", "local_only"):
         if report.get(key) is not None:
             check_metrics(report[key], f"report.{key}")
@@ -131,5 +139,14 @@ def check_request(kind: str, body: dict[str, Any]) -> None:
                 code=errors.BAD_FIELD,
             )
     worker_id = body["worker_id"]
-    if not worker_id or len(worker_id) > 128 or "\0" in worker_id:
-        raise ProtocolError(f"{kind}: worker_id must be 1-128 characters", code=errors.BAD_FIELD)
+    if not 0 < len(worker_id) <= 128 or not worker_id.isprintable():
+        raise ProtocolError(f"{kind}: worker_id must be 1-128 printable characters",
+                            code=errors.BAD_FIELD)
+    if kind in (REGISTER, UPDATE) and not 0 <= body["n_samples"] <= C.MAX_SAMPLES:
+        raise ProtocolError(f"{kind}: n_samples must be 0-{C.MAX_SAMPLES}", code=errors.BAD_FIELD)
+    if kind == REGISTER and not (0 < len(body["device"]) <= 64 and body["device"].isprintable()):
+        raise ProtocolError(f"{kind}: device must be 1-64 printable characters",
+                            code=errors.BAD_FIELD)
+    sent_at = body.get("sent_at")
+    if sent_at is not None and (not isinstance(sent_at, float) or not 0 <= sent_at < 1e11):
+        raise ProtocolError(f"{kind}: sent_at must be a time in seconds", code=errors.BAD_FIELD)

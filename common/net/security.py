@@ -5,6 +5,10 @@ own key pair and knows the master's public key. A ZAP handler on the master admi
 worker public keys found in ``<keys_dir>/admitted/``: a worker whose key is not there can neither
 register, upload nor read the model, and a plaintext peer is refused at the handshake.
 
+Each admitted key is named by its file (``admitted/w1.key`` is ``w1``): the handler gives that
+name to ZeroMQ as the connection's User-Id, every message from it carries it, and the master
+answers a request only for the worker its key names (:func:`sender_identity`).
+
 Key folder written by ``fedctl keygen`` (certificate files of :mod:`zmq.auth`)::
 
     keys/master.key, keys/master.key_secret     the master's pair   -> master node only
@@ -25,6 +29,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 log = logging.getLogger("fedctl.security")
 
@@ -96,12 +101,44 @@ def admitted_dir(keys_dir: str | Path) -> Path:
     return folder
 
 
+def admitted_names(keys_dir: str | Path) -> dict[bytes, str]:
+    """Admitted public key (raw 32 bytes) -> the worker it belongs to, its key file's name."""
+    names: dict[bytes, str] = {}
+    for path in sorted(admitted_dir(keys_dir).glob("*.key")):
+        public, _ = _load(path, secret=False)
+        names[z85.decode(public)] = path.name[: -len(".key")]
+    return names
+
+
+class NamingAuthenticator(ThreadAuthenticator):
+    """The ZAP handler: admits the keys in ``admitted/`` and names each connection after the
+    worker its key belongs to (ZeroMQ's User-Id), so the master can tell who sent a message."""
+
+    def __init__(self, ctx: zmq.Context, names: dict[bytes, str]) -> None:
+        super().__init__(ctx, log=logging.getLogger("fedctl.zap"))
+        self.names = names
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.names.get(client_public_key, "")  # admitted keys are all named
+
+
 def start_authenticator(ctx: zmq.Context, keys_dir: str | Path) -> ThreadAuthenticator:
-    """Start the ZAP handler that admits only the keys in ``keys_dir/admitted``."""
-    auth = ThreadAuthenticator(ctx, log=logging.getLogger("fedctl.zap"))
+    """Start the ZAP handler that admits only the keys in ``keys_dir/admitted`` and names each
+    connection by its worker."""
+    auth = NamingAuthenticator(ctx, admitted_names(keys_dir))
     auth.start()
     auth.configure_curve(domain="*", location=str(admitted_dir(keys_dir)))
     return auth
+
+
+def sender_identity(frame: zmq.Frame) -> str | None:
+    """The worker whose admitted key sent ``frame`` (received with ``copy=False``), or None on a
+    socket without CURVE (where nothing proves who a peer is)."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:  # no such property: a plaintext connection
+        return None
+    return user or None
 
 
 def keygen(keys_dir: str | Path, workers: Iterable[str], overwrite: bool = False) -> list[Path]:

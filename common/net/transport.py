@@ -15,7 +15,9 @@ import numpy as np
 import zmq
 
 from common import constants as C
-from common.net.messages import ERROR
+from common.net.errors import TOO_LARGE
+from common.net.messages import ERROR, REGISTER
+from common.net.security import sender_identity
 from common.net.wire import Message, ProtocolError, decode, encode, frames_nbytes
 
 log = logging.getLogger("fedctl.transport")
@@ -101,6 +103,36 @@ def recv(sock: zmq.Socket) -> tuple[Message, int]:
     """
     frames = sock.recv_multipart(copy=False)
     return decode(frames), frames_nbytes(frames)
+
+
+def recv_request(sock: zmq.Socket) -> tuple[list[zmq.Frame], int, str | None]:
+    """Receive one request's frames, unread; returns them, their total size and the sender's
+    identity (the worker its CURVE key names; None without CURVE).
+
+    The caller decodes with :func:`decode_request` once it has decided to serve the sender, so
+    a refused or flooding peer costs no decoding.
+    """
+    frames = sock.recv_multipart(copy=False)
+    return frames, frames_nbytes(frames), sender_identity(frames[0])
+
+
+def decode_request(frames: list[Any], nbytes: int, max_bytes: int = C.MAX_MESSAGE_BYTES
+                   ) -> Message:
+    """Decode a request under the master's limits: the whole message at most ``max_bytes``,
+    a ``register`` header at most ``MAX_HEADER_BYTES`` (it may carry a vocabulary), any other
+    at most ``MAX_REQUEST_HEADER_BYTES``.
+
+    Raises
+    ------
+    ProtocolError
+        ``too_large`` for a message over a limit, or whatever :func:`decode` raises.
+    """
+    if nbytes > max_bytes:
+        raise ProtocolError(f"message of {nbytes} bytes exceeds the limit of {max_bytes} "
+                            f"(max_message_mb)", code=TOO_LARGE)
+    kind = bytes(getattr(frames[0], "buffer", frames[0]))
+    limit = C.MAX_HEADER_BYTES if kind == REGISTER.encode() else C.MAX_REQUEST_HEADER_BYTES
+    return decode(frames, max_header=limit)
 
 
 def send_error(sock: zmq.Socket, code: str, message: str) -> int:
@@ -216,5 +248,6 @@ def wait_readable(sockets: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Soc
 __all__ = [
     "free_ports",
     "LazyPirateClient", "PeerUnreachable", "ProtocolError", "RemoteError", "bind_pub",
-    "bind_rep", "connect_sub", "recv", "send", "send_error", "wait_readable",
+    "bind_rep", "connect_sub", "decode_request", "recv", "recv_request", "send", "send_error",
+    "wait_readable",
 ]

@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.constants import MAX_ARRAYS, MAX_HEADER_BYTES, PROTOCOL_VERSION
+from common.constants import MAX_ARRAYS, MAX_HEADER_BYTES, MAX_HEADER_CONTAINERS, PROTOCOL_VERSION
 from common.net import errors
 from common.net.errors import ProtocolError
 
@@ -129,26 +129,62 @@ def _as_buffer(frame: Any) -> memoryview:
     return memoryview(buf)
 
 
-def decode(frames: Sequence[Any]) -> Message:
+class _ContainerBudget:
+    """msgpack hook that counts the lists and maps a header builds and stops the decoding
+    past ``limit``: a header's size alone does not bound its memory (one byte, one list)."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def __call__(self, obj: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise _TooManyContainers
+        return obj
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
+def decode(frames: Sequence[Any], max_header: int = MAX_HEADER_BYTES,
+           max_containers: int = MAX_HEADER_CONTAINERS) -> Message:
     """Turn received frames back into a :class:`Message`, validating everything.
+
+    Parameters
+    ----------
+    frames : sequence of bytes-like
+    max_header : int, default constants.MAX_HEADER_BYTES
+        Largest header accepted, in bytes.
+    max_containers : int, default constants.MAX_HEADER_CONTAINERS
+        Most lists and maps the header may build; decoding stops at the first one over.
 
     Raises
     ------
     ProtocolError
         With a one-line message and a code: ``"malformed"`` (truncated, not msgpack, bad
-        header), ``"version"`` (another protocol version), ``"dtype"`` or ``"shape"`` (an array
-        spec that does not match its buffer).
+        header), ``"too_large"`` (a header over a limit), ``"version"`` (another protocol
+        version), ``"dtype"`` or ``"shape"`` (an array spec that does not match its buffer).
     """
     if len(frames) < 2:
         raise ProtocolError(
             f"truncated message: {len(frames)} frame(s), expected at least 2 (topic, header)"
         )
+    if len(frames) > MAX_ARRAYS + 2:
+        raise ProtocolError(f"message of {len(frames)} frames: at most {MAX_ARRAYS} arrays",
+                            code=errors.TOO_LARGE)
     topic = bytes(_as_buffer(frames[0]))
     raw = _as_buffer(frames[1])
-    if raw.nbytes > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    if raw.nbytes > max_header:
+        raise ProtocolError(f"header of {raw.nbytes} bytes exceeds {max_header}",
+                            code=errors.TOO_LARGE)
+    budget = _ContainerBudget(max_containers)
     try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
+                                 list_hook=budget, object_hook=budget)
+    except _TooManyContainers:
+        raise ProtocolError(f"header builds more than {max_containers} lists and maps",
+                            code=errors.TOO_LARGE) from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):

@@ -44,6 +44,9 @@ class ServerFamily(ABC):
 
     name: str = "family"
     per_worker: bool = False
+    #: The keys a registration's ``info`` may carry; any other is refused before it is stored.
+    #: None (the default, for plug-ins that do not say) accepts any key.
+    info_fields: frozenset[str] | None = None
     #: The family learns from labels (a classifier): ``fedctl check`` refuses a file without.
     needs_labels: bool = False
 
@@ -128,6 +131,11 @@ class ServerFamily(ABC):
         sample them (``client_fraction``). A family whose step spans several rounds keeps the
         step's participants for all of them."""
         return None
+
+    def abstained(self, result: ClientResult) -> bool:
+        """True for an upload that declines its part (a multi-round step's abstention): the
+        master counts it as silence, and excludes a worker that keeps doing it."""
+        return False
 
     def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Refuse an update whose arrays differ in name, shape or dtype, or are not finite."""

@@ -54,6 +54,7 @@ class FSTCServer(ServerFamily):
     """
 
     name = "fstc"
+    info_fields = frozenset({"n_clusters", "dim", "centers", "counts"})
     embeds_text = True
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

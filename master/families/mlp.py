@@ -15,6 +15,8 @@ from master.strategies import Strategy
 
 log = logging.getLogger("fedctl.master")
 
+MAX_CLASS_NAME = 200  # characters of one class name
+
 
 class MLPServer(ServerFamily):
     """Master side of ``model: {family: mlp}``.
@@ -24,6 +26,7 @@ class MLPServer(ServerFamily):
     """
 
     name = "mlp"
+    info_fields = frozenset({"input_dim", "classes"})
     needs_labels = True
     embeds_text = True
 
@@ -36,11 +39,14 @@ class MLPServer(ServerFamily):
         if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 1 << 20:
             raise ProtocolError("register.info.input_dim: expected a feature count",
                                 code=errors.BAD_FIELD)
-        if (not isinstance(classes, list) or not 0 < len(classes) <= 10_000
-                or not all(isinstance(c, str) for c in classes)
-                or len(set(classes)) != len(classes)):
-            raise ProtocolError("register.info.classes: expected a list of distinct names",
-                                code=errors.BAD_FIELD)
+        limit = self.params.max_classes
+        if not isinstance(classes, list) or not 0 < len(classes) <= limit:
+            raise ProtocolError(f"register.info.classes: expected a list of 1-{limit} class "
+                                "names (model.max_classes)", code=errors.BAD_FIELD)
+        if (not all(isinstance(c, str) and 0 < len(c) <= MAX_CLASS_NAME and c.isprintable()
+                    for c in classes) or len(set(classes)) != len(classes)):
+            raise ProtocolError("register.info.classes: expected distinct names of 1-"
+                                f"{MAX_CLASS_NAME} printable characters", code=errors.BAD_FIELD)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         dims = {int(info.get("input_dim", -1)) for info in registrations.values()}
@@ -49,6 +55,10 @@ class MLPServer(ServerFamily):
                                 code=errors.REJECTED)
         lists = [list(info.get("classes", [])) for info in registrations.values()]
         classes = lists[0] if all(c == lists[0] for c in lists) else sorted(set().union(*lists))
+        if len(classes) > self.params.max_classes:
+            raise ProtocolError(f"the workers' class lists hold {len(classes)} classes in all, "
+                                f"more than model.max_classes={self.params.max_classes}",
+                                code=errors.REJECTED)
         if len(classes) < 2:
             raise ProtocolError(f"need at least 2 classes, the workers have {classes}",
                                 code=errors.REJECTED)

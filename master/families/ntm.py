@@ -121,6 +121,9 @@ class ProdLDAServer(VocabularyServer):
         # A synchronized step's later phases go to the workers that began it.
         return list(self.step_workers_) if self.phase_ > 0 else None
 
+    def abstained(self, result: ClientResult) -> bool:
+        return ABSTAIN in result.arrays
+
     def check_update(self, arrays: Mapping[str, np.ndarray]) -> None:
         # Sync uploads are gradients, fedavg uploads weights: either way one array per
         # parameter and running statistic, of its shape and dtype, all finite. With a

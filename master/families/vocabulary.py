@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from common import constants as C
 from common.config import ConfigError
 from common.data.shards import LocalData
 from common.data.text import merge_vocabularies, vocabulary_info
@@ -16,24 +17,36 @@ from master.families.base import ServerFamily
 
 #: Most distinct words a worker may register.
 MAX_LOCAL_WORDS = 1_000_000
+#: Longest word, in characters.
+MAX_WORD = 100
+#: Most occurrences of one word per document a registration may claim (a term frequency over
+#: ``n_docs`` times this cannot come from ``n_docs`` documents of ordinary length).
+MAX_TERM_PER_DOC = 10_000
 
 
 def check_vocabulary_info(info: Mapping[str, Any]) -> None:
     """Refuse a registration whose ``vocabulary`` / ``n_docs`` a merge could not use."""
     vocab, n_docs = info.get("vocabulary"), info.get("n_docs")
-    if not isinstance(n_docs, int) or isinstance(n_docs, bool) or n_docs < 0:
+    if (not isinstance(n_docs, int) or isinstance(n_docs, bool)
+            or not 0 <= n_docs <= C.MAX_SAMPLES):
         raise ProtocolError("register.info.n_docs: expected a document count",
                             code=errors.BAD_FIELD)
     if not isinstance(vocab, dict) or len(vocab) > MAX_LOCAL_WORDS:
         raise ProtocolError("register.info.vocabulary: expected a map word -> "
                             "[term_freq, doc_freq]", code=errors.BAD_FIELD)
     for word, freqs in vocab.items():
-        if (not isinstance(word, str) or not word or not isinstance(freqs, (list, tuple))
-                or len(freqs) != 2
+        if (not isinstance(word, str) or not 0 < len(word) <= MAX_WORD
+                or not isinstance(freqs, (list, tuple)) or len(freqs) != 2
                 or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0
                            for f in freqs)):
             raise ProtocolError(f"register.info.vocabulary[{str(word)[:40]!r}]: expected "
                                 "[term_freq, doc_freq], two counts", code=errors.BAD_FIELD)
+        tf, df = freqs
+        # Counts the declared documents could hold: a word is in at most n_docs of them, and
+        # in each of those at most MAX_TERM_PER_DOC times.
+        if not (df <= n_docs and df <= tf <= df * MAX_TERM_PER_DOC):
+            raise ProtocolError(f"register.info.vocabulary[{word[:40]!r}]: counts {tf}, {df} "
+                                f"cannot come from {n_docs} documents", code=errors.BAD_FIELD)
 
 
 def agree_vocabulary(registrations: Mapping[str, Mapping[str, Any]], max_size: int | None,
@@ -59,6 +72,7 @@ class VocabularyServer(ServerFamily):
     survives the filters before anything starts."""
 
     params: Any
+    info_fields = frozenset({"vocabulary", "n_docs"})
 
     def check_info(self, info: Mapping[str, Any]) -> None:
         check_vocabulary_info(info)

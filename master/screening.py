@@ -1,0 +1,124 @@
+"""Values that cannot be right: a round's updates screened before they are aggregated, and the
+aggregate checked before it is published.
+
+Each check is a bound documented in :mod:`common.constants`:
+
+* an update that holds NaN or Inf, or overflows, is left out of the round; in a round of three
+  updates or more, so is one whose distance to the model it was built on is more than
+  ``NORM_OUTLIER_FACTOR`` times the round's lower median distance (with two, nothing says which
+  one is wrong: a hostile one that only nudges the model would get the honest one left out);
+* an aggregate that holds NaN or Inf, or whose norm grows past ``NORM_GROWTH_LIMIT`` times the
+  model it replaces, is not published: it is undone and redone without the update furthest out;
+* with ``max_weight_fraction`` set, no worker's share of a weighted average exceeds it.
+
+Robust aggregation (trimmed means, Krum) is a strategy's job; these checks only keep what is
+plainly broken or hostile from reaching the published model. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from common import constants as C
+from common.aggregate import CHUNK
+from master.strategies import ClientResult
+
+
+def _squares(a: np.ndarray, b: np.ndarray | None = None) -> float:
+    """Sum of squares of ``a`` (or of ``a - b``) in blocks, without a model-sized temporary.
+    Overflow gives inf, which every bound here treats as too large."""
+    fa = np.asarray(a).reshape(-1)
+    fb = None if b is None else np.asarray(b).reshape(-1)
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, fa.size, CHUNK):
+            x = fa[lo:lo + CHUNK]
+            if x.dtype.kind not in "f":
+                x = x.astype(np.float64)
+            if fb is not None:
+                x = x - fb[lo:lo + CHUNK].astype(x.dtype, copy=False)
+            total += float(np.dot(x, x))
+    return total if math.isfinite(total) else math.inf
+
+
+def norm(arrays: Mapping[str, np.ndarray]) -> float:
+    """Euclidean norm of all the arrays together (inf for any NaN, Inf or overflow)."""
+    return math.sqrt(sum(_squares(a) for a in arrays.values()))
+
+
+def distance(arrays: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> float:
+    """Euclidean distance of an update from the model it was built on; its norm where the
+    two do not have the same arrays (a family whose uploads are not parameters)."""
+    if set(arrays) != set(base) or any(arrays[n].shape != base[n].shape for n in arrays):
+        return norm(arrays)
+    return math.sqrt(sum(_squares(arrays[n], base[n]) for n in arrays))
+
+
+def outliers(distances: Mapping[str, float], factor: float = C.NORM_OUTLIER_FACTOR
+             ) -> dict[str, str]:
+    """The updates to leave out: worker -> why.
+
+    Compared with the lower median of the round's distances, so a minority of hostile updates
+    cannot move the reference; fewer than three updates are only checked for being finite (the
+    aggregate check still applies).
+    """
+    finite = sorted(d for d in distances.values() if math.isfinite(d))
+    out = {w: "its values are not finite or overflow" for w, d in distances.items()
+           if not math.isfinite(d)}
+    if len(distances) < 3 or not finite:
+        return out
+    reference = finite[(len(finite) - 1) // 2]
+    for w, d in distances.items():
+        if w not in out and d > factor * reference and d > 1e-6:
+            out[w] = (f"its distance to the model, {d:.3g}, is over {factor:g} times the "
+                      f"round's median {reference:.3g}")
+    return out
+
+
+def aggregate_problem(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
+                      limit: float = C.NORM_GROWTH_LIMIT) -> str | None:
+    """Why an aggregate must not be published, or None if it may. The growth bound applies
+    where the aggregate has the arrays of the model it replaces (not to a step's statistics,
+    nor to a model that grows by design)."""
+    new = norm(after)
+    if not math.isfinite(new):
+        return "the aggregate holds NaN or Inf"
+    same = set(before) == set(after) and all(before[n].shape == after[n].shape for n in after)
+    old = norm(before) if same else 0.0
+    if old > 0 and new > limit * old:
+        return f"the aggregate's norm {new:.3g} is over {limit:g} times the model's {old:.3g}"
+    return None
+
+
+def cap_weights(results: Sequence[ClientResult], max_fraction: float | None
+                ) -> list[ClientResult]:
+    """The results with their weights capped so that none holds more than ``max_fraction`` of
+    the total (water-filling: capped weights are set so each capped worker holds exactly the
+    fraction, the others keep theirs). Unchanged when ``max_fraction`` is None or cannot be met
+    (fewer workers than ``1 / max_fraction``: then all weigh the same)."""
+    if max_fraction is None or not results:
+        return list(results)
+    n = len(results)
+    if max_fraction * n < 1:
+        return [ClientResult(r.worker_id, r.arrays, 1) for r in results]
+    weights = {r.worker_id: float(r.n_samples) for r in results}
+    capped: set[str] = set()
+    while True:
+        free = sum(w for k, w in weights.items() if k not in capped)
+        share = 1 - max_fraction * len(capped)  # what the uncapped workers hold together
+        over = [k for k, w in weights.items()
+                if k not in capped and free > 0 and w / free * share > max_fraction]
+        if not over:
+            break
+        capped |= set(over)
+    if not capped:
+        return list(results)
+    free = sum(w for k, w in weights.items() if k not in capped)
+    share = 1 - max_fraction * len(capped)
+    total = free / share if free > 0 else 1.0
+    return [ClientResult(r.worker_id, r.arrays,
+                         max_fraction * total if r.worker_id in capped else r.n_samples)
+            for r in results]

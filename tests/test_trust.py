@@ -1,0 +1,361 @@
+"""No trust inside the cluster: a worker that holds an admitted key speaks only for itself and
+cannot crash, stall, exhaust or corrupt the master.
+
+The acceptance test runs the real thing twice on CURVE: a `fedctl master` and two honest
+`fedctl worker` processes (w2, w3), once with w1 absent (the undisturbed run) and once with w1's
+key in the hands of :class:`tests.hostile.Hostile`, which sends every attack of issue #22's
+table. The honest workers' final scores must match, the master's memory stay bounded, and no
+forged line, NaN or Inf reach its log or metrics. Smaller tests put one in-process master (real
+sockets, no training) through the attacks that end a worker's part: a registration that breaks
+the set-up, a vocabulary no documents could give, a step abstained from again and again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import yaml
+import zmq
+
+from common.config import load_config
+from common.net.security import keygen
+from master.server import Master
+from tests.conftest import MakeConfig, Procs, wait_for
+from tests.hostile import Hostile, RssWatch, frames, nested_lists_header
+
+pytestmark = pytest.mark.slow
+
+CLASSES = ["rest", "MeanOfTransportation"]
+HONEST_INFO = {"input_dim": 384, "classes": CLASSES}
+
+
+def _config(make_config: MakeConfig, tmp_path: Path, keys: Path | None = None,
+            **overrides: Any) -> Path:
+    """A CURVE cluster of w1..w3 in ``tmp_path`` (keys in ``keys``, default tmp_path/keys)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    keys = keys or tmp_path / "keys"
+    if not keys.exists():
+        keygen(keys, ["w1", "w2", "w3"])
+    return make_config(tmp_path, workers=3, security={"mode": "curve", "keys_dir": str(keys)},
+                       **{"rounds": 3, "min_workers": 2, **overrides})
+
+
+def _endpoints(config: Path) -> tuple[str, str, Path]:
+    raw = yaml.safe_load(config.read_text())
+    m = raw["master"]
+    return (f"tcp://127.0.0.1:{m['rep_port']}", f"tcp://127.0.0.1:{m['pub_port']}",
+            Path(raw["security"]["keys_dir"]))
+
+
+def _run(procs: Procs, config: Path, attack: Any = None) -> tuple[dict[str, Any], int]:
+    """Master and honest w2, w3 as processes (and the attack, if any, on a thread); returns
+    summary.json and the master's peak resident memory."""
+    master = procs.master(config)
+    rss = RssWatch(master.pid)
+    rss.start()
+    thread = None
+    if attack is not None:
+        thread = threading.Thread(target=attack, daemon=True)
+        thread.start()
+    for w in ("w2", "w3"):
+        procs.worker(config, w)
+    codes = procs.wait_all(timeout=240)
+    peak = rss.stop()
+    if thread is not None:
+        thread.join(timeout=30)
+    assert codes == {n: 0 for n in codes}, procs.logs_tail()
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    return json.loads((out / "summary.json").read_text()), peak
+
+
+class Attack:
+    """w1's key in hostile hands, following the master through the job (the table of #22)."""
+
+    def __init__(self, config: Path) -> None:
+        self.rep, self.pub, self.keys = _endpoints(config)
+        self.ctx = zmq.Context()
+        self.codes: dict[str, str] = {}
+        self.flood: dict[str, int] = {}
+        self.error: BaseException | None = None
+
+    def __call__(self) -> None:
+        try:
+            self._attack()
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+        finally:
+            self.ctx.destroy(linger=0)
+
+    def _attack(self) -> None:
+        h = Hostile(self.ctx, self.rep, self.pub, self.keys, "w1", timeout=5)
+        sub = h.subscribe(b"announce", b"round", b"shutdown")
+        wait_for(lambda: h.request("ping", {"worker_id": "w1"}), 60, "the master's REP")
+        reg = {"n_samples": 100, "device": "cpu", "info": HONEST_INFO}
+        c = self.codes
+        c["register as w2"] = h.code("register", {"worker_id": "w2", **reg,
+                                                  "n_samples": 999_999})
+        c["register as w3"] = h.code("register", {"worker_id": "w3", **reg})
+        c["ping, 16 MiB of nested lists"] = _code(h.send_frames(
+            [b"ping", nested_lists_header(16 * 2**20 - 64)]))
+        c["register, 16 MiB of nested lists"] = _code(h.send_frames(
+            [b"register", nested_lists_header(16 * 2**20 - 64)]))
+        c["register, newline in device"] = h.code("register", {
+            "worker_id": "w1", **reg, "device": "cpu\nFORGED master line"})
+        c["register, 10,000 classes"] = h.code("register", {
+            "worker_id": "w1", **reg, "info": {"input_dim": 384,
+                                              "classes": [f"class-{i:014d}" for i in
+                                                          range(10_000)]}})
+        c["register, n_samples 2^63"] = h.code("register", {"worker_id": "w1", **reg,
+                                                            "n_samples": 2**63})
+        c["register, unknown info key"] = h.code("register", {
+            "worker_id": "w1", **reg, "info": {**HONEST_INFO, "junk": [[]] * 1000}})
+        c["register as w1"] = h.code("register", {"worker_id": "w1", **reg})
+        big = np.zeros(300 * 2**20, dtype=np.uint8)  # each frame over the 256 MiB limit
+        done_rounds: set[int] = set()
+        while True:
+            if not sub.poll(60_000):
+                raise TimeoutError("the master went silent")
+            parts = sub.recv_multipart()
+            head = msgpack.unpackb(parts[1])
+            kind, body = head["kind"], head["body"]
+            if kind == "shutdown" or (kind == "announce" and body["phase"] == "reporting"):
+                break
+            if kind != "round" or body["round"] in done_rounds:
+                continue
+            rnd, version = body["round"], body["version"]
+            done_rounds.add(rnd)
+            model = {name: np.frombuffer(buf, dtype=dt).reshape(shape)
+                     for (name, dt, shape), buf in zip(head["arrays"], parts[2:], strict=True)}
+            up = {"worker_id": "w1", "round": rnd, "version": version, "n_samples": 100,
+                  "metrics": {"train_time": 0.1}}
+            c[f"round {rnd}: update as w2"] = h.code("update", {**up, "worker_id": "w2"},
+                                                     model)
+            c[f"round {rnd}: n_samples 2^63"] = h.code("update", {**up, "n_samples": 2**63},
+                                                       model)
+            c[f"round {rnd}: n_samples over the registered"] = h.code(
+                "update", {**up, "n_samples": 101}, model)
+            c[f"round {rnd}: sent_at NaN"] = h.code("update", {**up, "sent_at": math.nan},
+                                                    model)
+            c[f"round {rnd}: timing 1e308"] = h.code(
+                "update", {**up, "metrics": {"train_time": 1e308}}, model)
+            size = sum(a.size for a in model.values())
+            topk = {}
+            for name, a in model.items():
+                topk[name + "#idx"] = np.zeros(a.size + 1, dtype=np.int64)
+                topk[name + "#val"] = np.zeros(a.size + 1, dtype=np.float32)
+            c[f"round {rnd}: top-k of {size + len(model)} pairs"] = h.code(
+                "update", {**up, "compression": "topk"}, topk)
+            if rnd == 1:
+                # (pings around it: a key that stays silent past heartbeat_timeout is dead)
+                h.code("ping", {"worker_id": "w1"})
+                c["3 frames of 300 MiB"] = _code(h.send_frames(
+                    frames("update", up) + [big.data, big.data, big.data], timeout=2))
+                h.code("ping", {"worker_id": "w1"})
+                c["fetch as w3"] = h.code("fetch", {"worker_id": "w3"})
+                c["ping as w2"] = h.code("ping", {"worker_id": "w2"})
+            if rnd == 2:
+                self.flood = h.flood(20, 500)
+            poison = ({n: np.full_like(a, np.finfo(np.float32).max) for n, a in model.items()}
+                      if rnd == 2 else
+                      {n: np.where(np.arange(a.size).reshape(a.shape) % 2, 1e30, -1e30
+                                   ).astype(a.dtype) for n, a in model.items()})
+            c[f"round {rnd}: poisoned update"] = h.code("update", up, poison)
+        fake = {"federated": {"macro_f1": 0.999}, "n_train": 100, "n_test": 10, "version": 3}
+        for w in ("w2", "w3"):
+            c[f"report as {w}"] = h.code("report", {"worker_id": w, "report": fake})
+        c["report with an unknown field"] = h.code("report", {
+            "worker_id": "w1", "report": {**fake, "junk": list(range(100))}})
+        c["report with NaN"] = h.code("report", {
+            "worker_id": "w1", "report": {**fake, "federated": {"macro_f1": math.nan}}})
+        sub.close()
+        h.close()
+
+
+def _code(reply: dict[str, Any] | None) -> str:
+    if reply is None:
+        return "no reply"
+    return reply["body"]["code"] if reply["kind"] == "error" else reply["kind"]
+
+
+def test_a_hostile_member_changes_nothing_for_the_honest_ones(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    # Undisturbed: w1 never comes; the master starts with w2 and w3 after join_timeout.
+    keys = tmp_path / "keys"
+    calm = _config(make_config, tmp_path / "calm", keys, join_timeout=5)
+    calm_summary, calm_peak = _run(procs, calm)
+    procs.stop_all()
+
+    hostile_dir = tmp_path / "hostile"
+    attacked = _config(make_config, hostile_dir, keys)
+    procs2 = Procs(hostile_dir / "logs", procs.cache_dir)
+    attack = Attack(attacked)
+    try:
+        summary, peak = _run(procs2, attacked, attack)
+    finally:
+        procs2.stop_all()
+    assert attack.error is None, repr(attack.error)
+    c = attack.codes
+    expected = {
+        "register as w2": "identity", "register as w3": "identity",
+        "ping, 16 MiB of nested lists": "too_large",
+        "register, 16 MiB of nested lists": "too_large",
+        "register, newline in device": "bad_field", "register, 10,000 classes": "bad_field",
+        "register, n_samples 2^63": "bad_field", "register, unknown info key": "bad_field",
+        "register as w1": "welcome", "3 frames of 300 MiB": "no reply",
+        "fetch as w3": "identity", "ping as w2": "identity",
+        "report as w2": "identity", "report as w3": "identity",
+        "report with an unknown field": "bad_field", "report with NaN": "bad_field",
+    }
+    for rnd in (1, 2, 3):
+        expected |= {f"round {rnd}: update as w2": "identity",
+                     f"round {rnd}: n_samples 2^63": "bad_field",
+                     f"round {rnd}: n_samples over the registered": "bad_field",
+                     f"round {rnd}: sent_at NaN": "bad_field",
+                     f"round {rnd}: timing 1e308": "bad_field",
+                     f"round {rnd}: poisoned update": "ack"}
+    topk = {k: v for k, v in c.items() if "top-k" in k}
+    assert set(topk.values()) == {"shape"} and len(topk) == 3, topk
+    assert {k: c.get(k) for k in expected} == expected
+
+    # The honest workers' scores are those of the undisturbed run.
+    def scores(s: dict[str, Any]) -> dict[str, float]:
+        return {r["worker"]: r["federated_macro_f1"] for r in s["comparison"]
+                if r["worker"] in ("w2", "w3")}
+    calm_f1, f1 = scores(calm_summary), scores(summary)
+    assert all(abs(f1[w] - calm_f1[w]) <= 0.01 for w in ("w2", "w3")), (f1, calm_f1)
+    assert summary["rounds"] == 3 and summary["trained"]["rounds"] == 3
+    # Bounded memory, and a fair share of service under the flood.
+    assert peak < 2 * calm_peak, (peak, calm_peak)
+    assert attack.flood.get("busy", 0) > 0 and sum(attack.flood.values()) == 10_000
+    # Nothing broken or forged reached the outputs.
+    out = Path(yaml.safe_load(attacked.read_text())["output_dir"])
+    text = (out / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    left_out = [json.loads(line) for line in text.splitlines() if '"left_out"' in line]
+    assert {(e["round"], e["worker"]) for e in left_out} == {(1, "w1"), (2, "w1"), (3, "w1")}
+    log = procs2.log("master")
+    assert not any(line.startswith("FORGED") for line in log.splitlines())
+    with np.load(out / "model.npz") as model:
+        assert all(np.isfinite(model[k]).all() for k in model.files if model[k].dtype.kind == "f")
+    durations = {name: sorted(e["duration_s"] for e in map(json.loads, (
+        Path(yaml.safe_load(cfg.read_text())["output_dir"]) / "metrics.jsonl"
+    ).read_text().splitlines()) if e.get("event") == "round")
+        for name, cfg in (("calm", calm), ("attacked", attacked))}
+    print(f"\nfigures: F1 attacked {f1} calm {calm_f1}; master peak RSS attacked "
+          f"{peak / 2**20:.0f} MiB calm {calm_peak / 2**20:.0f} MiB; flood replies "
+          f"{attack.flood}; round durations s {durations}; refused {summary['refused']}")
+    refused = summary["refused"]["w1"]
+    assert refused["identity"] >= 8 and refused["outlier"] == 3 and refused["busy"] > 0
+    assert "w2" not in summary["refused"] and "w3" not in summary["refused"]
+
+
+def _in_process_master(config: Path) -> tuple[Master, threading.Thread]:
+    master = Master(load_config(config), ctx=zmq.Context())
+    master.bind()
+    thread = threading.Thread(target=master.serve, daemon=True)
+    thread.start()
+    return master, thread
+
+
+def test_a_registration_that_breaks_the_setup_excludes_only_its_worker(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    config = _config(make_config, tmp_path, min_workers=2)
+    master, thread = _in_process_master(config)
+    rep, pub, keys = _endpoints(config)
+    ctx = zmq.Context()
+    try:
+        clients = {w: Hostile(ctx, rep, pub, keys, w) for w in ("w1", "w2", "w3")}
+        reg = {"n_samples": 100, "device": "cpu"}
+        # Each alone is a valid registration; w1's feature size cannot be combined.
+        assert clients["w1"].code("register", {"worker_id": "w1", **reg, "info": {
+            "input_dim": 385, "classes": CLASSES}}) == "welcome"
+        for w in ("w2", "w3"):
+            assert clients[w].code("register", {"worker_id": w, **reg,
+                                                "info": HONEST_INFO}) == "welcome"
+        wait_for(lambda: master.phase == "training", 10, "training to start")
+        assert thread.is_alive()
+        assert master.open is not None and master.open.participants == ["w2", "w3"]
+        assert clients["w1"].code("ping", {"worker_id": "w1"}) == "excluded"
+        assert clients["w2"].code("ping", {"worker_id": "w2"}) == "pong"
+        assert "w1" in master.excluded and "feature size" in master.excluded["w1"]
+    finally:
+        master.phase = "done"
+        thread.join(timeout=5)
+        master.close()
+        ctx.destroy(linger=0)
+
+
+def test_vocabulary_counts_no_documents_could_give_are_refused(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    config = _config(make_config, tmp_path, model={"family": "lda"})
+    master, thread = _in_process_master(config)
+    rep, pub, keys = _endpoints(config)
+    ctx = zmq.Context()
+    try:
+        h = Hostile(ctx, rep, pub, keys, "w1")
+        junk = {f"junk{i}": [2**62, 2**62] for i in range(5000)}
+        reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu"}
+        assert h.code("register", {**reg, "info": {"vocabulary": junk, "n_docs": 100}}
+                      ) == "bad_field"
+        honest = {"vocabulary": {"train": [30, 20], "station": [12, 10]}, "n_docs": 100}
+        assert h.code("register", {**reg, "info": honest}) == "welcome"
+        assert thread.is_alive() and "w1" in master.workers
+    finally:
+        master.phase = "done"
+        thread.join(timeout=5)
+        master.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_worker_abstaining_from_every_step_is_excluded_and_the_others_train(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prodlda with a synchronized batch norm: w1 begins every step and abstains in its second
+    phase, which would restart the step forever; it is excluded after ABSTAIN_LIMIT tries."""
+    from common.models.ntm_sync_bn import ABSTAIN, N_PHASES
+    from worker.client import Worker
+    from worker.families.base import FitResult
+    from worker.families.ntm import ProdLDAClient
+
+    fit = ProdLDAClient.fit
+
+    def abstaining_fit(self, round_, meta, arrays):  # the hostile one only
+        if getattr(self, "hostile", False) and int(meta.get("phase", 0)) == 1:
+            return FitResult({ABSTAIN: np.zeros(0)}, 1, {"abstain": 1.0})
+        return fit(self, round_, meta, arrays)
+
+    monkeypatch.setattr(ProdLDAClient, "fit", abstaining_fit)
+    steps = 2
+    config = _config(make_config, tmp_path, rounds=N_PHASES * (steps + 3), min_workers=3,
+                     model={"family": "prodlda", "vocab_size": 500})
+    cfg = load_config(config)
+    master, thread = _in_process_master(config)
+    workers = {w: Worker(cfg, w) for w in ("w1", "w2", "w3")}
+    workers["w1"].family.hostile = True
+    reports: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def work(wid: str) -> None:
+        try:
+            reports[wid] = workers[wid].run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    thread.join(timeout=240)
+    for t in threads:
+        t.join(timeout=30)
+    master.close()
+    assert not thread.is_alive()
+    assert "w1" in master.excluded, master.excluded
+    assert master.summary["trained"]["steps"] >= steps, master.summary["trained"]
+    assert set(reports) == {"w2", "w3"}
+    assert len(errors) == 1 and "excluded" in str(errors[0])
