@@ -1,0 +1,93 @@
+"""The checks on a round's values (master/screening.py) and fair service's rate limiter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from common.net import messages as M
+from common.net.wire import ProtocolError
+from master import screening
+from master.rounds import RateLimiter
+from master.strategies import ClientResult
+
+
+def _model(scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"w": (scale * rng.normal(size=(30, 20))).astype(np.float32),
+            "b": np.zeros(20, np.float32)}
+
+
+def test_distance_and_norm_survive_float32_max_and_nan() -> None:
+    base = _model()
+    huge = {n: np.full_like(a, np.finfo(np.float32).max) for n, a in base.items()}
+    assert screening.distance(huge, base) == math.inf
+    nan = {n: np.full_like(a, np.nan) for n, a in base.items()}
+    assert screening.norm(nan) == math.inf
+    moved = {n: a + 1 for n, a in base.items()}
+    assert screening.distance(moved, base) == pytest.approx(math.sqrt(30 * 20 + 20), rel=1e-5)
+
+
+def test_outliers_need_three_updates_and_use_the_lower_median() -> None:
+    assert screening.outliers({"w1": 1e30, "w2": 1.0}) == {}  # two: nothing says which
+    assert set(screening.outliers({"w1": math.inf, "w2": 1.0})) == {"w1"}
+    out = screening.outliers({"w1": 1e30, "w2": 1.0, "w3": 1.3})
+    assert set(out) == {"w1"} and "median" in out["w1"]
+    # Honest spread (a factor of a few) is not an outlier; a near-zero update moves nothing.
+    assert screening.outliers({"w1": 5.0, "w2": 1.0, "w3": 2.0, "w4": 0.0}) == {}
+
+
+def test_an_exploding_or_non_finite_aggregate_is_a_problem() -> None:
+    before = _model()
+    assert screening.aggregate_problem(before, _model(2.0)) is None
+    assert "100 times" in screening.aggregate_problem(before, _model(1e3))
+    nan = {n: np.full_like(a, np.nan) for n, a in before.items()}
+    assert "NaN" in screening.aggregate_problem(before, nan)
+    # A model that grows by design (other arrays) is only checked for being finite.
+    assert screening.aggregate_problem({"t": np.zeros((0, 5), np.float32)},
+                                       {"t": np.full((3, 5), 1e6, np.float32)}) is None
+
+
+def test_weight_caps_hold_every_share_at_most_the_fraction() -> None:
+    results = [ClientResult(w, {}, n) for w, n in (("w1", 2**40), ("w2", 100), ("w3", 300))]
+    assert [r.n_samples for r in screening.cap_weights(results, None)] == [2**40, 100, 300]
+    capped = screening.cap_weights(results, 0.5)
+    weights = np.array([r.n_samples for r in capped], dtype=float)
+    shares = weights / weights.sum()
+    assert shares.max() <= 0.5 + 1e-12 and shares[0] == pytest.approx(0.5)
+    assert shares[1] / shares[2] == pytest.approx(100 / 300)  # the others keep their ratio
+    even = screening.cap_weights(results, 0.2)  # cannot be met by 3: all weigh the same
+    assert {r.n_samples for r in even} == {1}
+
+
+def test_rate_limiter_grants_a_burst_then_the_rate() -> None:
+    limiter = RateLimiter(rate=10, burst=5)
+    assert all(limiter.allow("w1", now=0.0) for _ in range(5))
+    assert not limiter.allow("w1", now=0.0)
+    assert limiter.allow("w2", now=0.0)  # one sender's flood is its own
+    assert limiter.allow("w1", now=0.1) and not limiter.allow("w1", now=0.1)
+
+
+@pytest.mark.parametrize("kind, body", [
+    ("register", {"worker_id": "w1", "n_samples": 2**63, "device": "cpu", "info": {}}),
+    ("register", {"worker_id": "w1", "n_samples": 1, "device": "cpu\nFORGED", "info": {}}),
+    ("ping", {"worker_id": "w1\nFORGED"}),
+    ("update", {"worker_id": "w1", "round": 1, "version": 0, "n_samples": 1,
+                "metrics": {"train_time": 1e308}}),
+    ("update", {"worker_id": "w1", "round": 1, "version": 0, "n_samples": 1, "metrics": {},
+                "sent_at": math.nan}),
+])
+def test_requests_with_values_that_cannot_be_right_are_refused(kind: str, body: dict) -> None:
+    with pytest.raises(ProtocolError) as info:
+        M.check_request(kind, body)
+        M.check_metrics(body.get("metrics", {}), "update.metrics")
+    assert info.value.code == "bad_field"
+
+
+def test_a_report_takes_only_known_fields() -> None:
+    with pytest.raises(ProtocolError, match="unknown field"):
+        M.check_report({"federated": {"macro_f1": 0.5}, "junk": [[]]})
+    M.check_report({"federated": {"macro_f1": 0.5}, "local_only": None, "n_train": 3,
+                    "n_test": 1, "version": 2, "labelled": True})
