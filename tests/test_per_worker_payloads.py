@@ -7,17 +7,23 @@ processes would.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
+import zmq
 
 from common.config import parse_config
+from common.net.security import keygen
 from master.families import SERVER_FAMILIES, Payload, ServerFamily
 from master.server import Master
 from master.strategies import ClientResult
 from tests.conftest import DATA, free_ports, start_worker_threads
+from tests.hostile import Hostile
 from worker.families import CLIENT_FAMILIES, ClientFamily, FitResult
 
 WORKERS = ["w1", "w2", "w3"]
@@ -71,27 +77,59 @@ def echo_family():
     del SERVER_FAMILIES["echo"], CLIENT_FAMILIES["echo"]
 
 
-def test_each_worker_gets_its_own_payload(echo_family, tmp_path) -> None:
+def test_each_worker_gets_its_own_payload_and_no_other(echo_family, tmp_path) -> None:
+    """Over CURVE: each worker trains on its own payload, and a subscriber holding w1's key
+    (every admitted key may subscribe to every PUB topic) sees nothing meant for w2 or w3."""
     pub, rep = free_ports(2)
+    keys = tmp_path / "keys"
+    keygen(keys, WORKERS)
     cfg = parse_config({
         "master": {"host": "127.0.0.1", "bind": "127.0.0.1", "pub_port": pub, "rep_port": rep},
         "workers": WORKERS, "model": {"family": "echo"}, "rounds": 3, "min_workers": 3,
         "round_deadline": 30, "join_timeout": 30, "baselines": False,
         "data": {"path": str(DATA), "limit": 60, "partition": "iid"},
         "output_dir": str(tmp_path / "out"),
+        "security": {"mode": "curve", "keys_dir": str(keys)},
     })
     master = Master(cfg)
     master.bind()
+    ctx = zmq.Context()
+    snoop = Hostile(ctx, f"tcp://127.0.0.1:{rep}", f"tcp://127.0.0.1:{pub}", keys, "w1")
+    sub = snoop.subscribe()  # every topic
+    heard: list[list[bytes]] = []
+    fetched: list[str] = []
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            if sub.poll(100):
+                heard.append(sub.recv_multipart())
+                if heard[-1][0] == b"round" and not fetched:  # w1's key asks for w2's
+                    fetched.append(snoop.code("fetch", {"worker_id": "w2"}))
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    time.sleep(0.5)  # the subscription reaches the master before round 1
     reports: dict[str, Any] = {}
     errors: list[BaseException] = []
     threads = start_worker_threads(cfg, WORKERS, reports, errors)
     try:
         master.serve()
     finally:
+        stop.set()
+        listener.join(timeout=2)
+        sub.close()
+        snoop.close()
+        ctx.destroy(linger=0)
         master.close()
     for t in threads:
         t.join(timeout=30)
     assert not errors, errors
+    assert fetched == ["identity"]
+    rounds = [msgpack.unpackb(parts[1]) for parts in heard if parts[0] == b"round"]
+    assert len(rounds) == 3 and all(r["body"]["per_worker"] for r in rounds)
+    assert all(len(parts) == 2 for parts in heard)  # no message on PUB carries an array
+    assert not any(b"w2" in b"".join(parts) and b"for" in parts[1] for parts in heard)
     family = master.family
     # Round r: worker i received i + (r - 1) on its own topic and sent back one more.
     for rnd, wid, value in family.seen:
