@@ -25,7 +25,10 @@ class MetricsLog:
         self._lock = threading.Lock()
 
     def write(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **fields}, default=_jsonable, allow_nan=True)
+        """Append one event. A number that is not finite is written as ``null``: ``NaN`` and
+        ``Infinity`` are not JSON, and readers (jq, browsers, MLflow) refuse them."""
+        line = json.dumps(_finite({"event": event, **fields}), default=_jsonable,
+                          allow_nan=False)
         with self._lock:
             self._fh.write(line + "\n")
             self._fh.flush()
@@ -34,11 +37,21 @@ class MetricsLog:
         self._fh.close()
 
 
+def _finite(x: Any) -> Any:
+    if isinstance(x, float | np.floating):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, np.generic):
-        return x.item()
+        return _finite(x.item())
     if isinstance(x, np.ndarray):
-        return x.tolist()
+        return _finite(x.tolist())
     raise TypeError(f"not JSON serializable: {type(x).__name__}")
 
 

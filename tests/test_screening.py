@@ -1,4 +1,5 @@
-"""The checks on a round's values (master/screening.py) and fair service's rate limiter."""
+"""The checks on a round's values (master/screening.py), fair service's rate limiter, the
+roster's reports and the metrics log's numbers."""
 
 from __future__ import annotations
 
@@ -91,3 +92,25 @@ def test_a_report_takes_only_known_fields() -> None:
         M.check_report({"federated": {"macro_f1": 0.5}, "junk": [[]]})
     M.check_report({"federated": {"macro_f1": 0.5}, "local_only": None, "n_train": 3,
                     "n_test": 1, "version": 2, "labelled": True})
+
+
+def test_registering_again_cannot_take_back_a_report() -> None:
+    from master.rounds import Roster
+
+    roster = Roster(heartbeat_timeout=5, client_fraction=1.0, seed=0)
+    roster.add("w2", 100, "cpu", {})
+    roster.workers["w2"].report = {"federated": {"macro_f1": 0.9}}
+    assert roster.add("w2", 100, "cpu", {}) is True
+    assert roster.workers["w2"].report == {"federated": {"macro_f1": 0.9}}
+
+
+def test_the_metrics_log_writes_no_nan_or_infinity(tmp_path) -> None:
+    from common.runlog import MetricsLog, read_metrics
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write("round", loss=math.nan, scores=np.array([1.0, np.inf]), upload_s=np.float32(2))
+    log.close()
+    text = (tmp_path / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"event": "round", "loss": None, "scores": [1.0, None], "upload_s": 2.0}]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -264,14 +266,27 @@ def _in_process_master(config: Path) -> tuple[Master, threading.Thread]:
     return master, thread
 
 
-def test_a_registration_that_breaks_the_setup_excludes_only_its_worker(
-        tmp_path: Path, make_config: MakeConfig) -> None:
-    config = _config(make_config, tmp_path, min_workers=2)
+@contextmanager
+def _serving(config: Path) -> Iterator[tuple[Master, threading.Thread, Callable[[str], Hostile]]]:
+    """A master on a thread of this process (real sockets) and a maker of clients holding a
+    given worker's key; all stopped at the end."""
     master, thread = _in_process_master(config)
     rep, pub, keys = _endpoints(config)
     ctx = zmq.Context()
     try:
-        clients = {w: Hostile(ctx, rep, pub, keys, w) for w in ("w1", "w2", "w3")}
+        yield master, thread, lambda key_of: Hostile(ctx, rep, pub, keys, key_of)
+    finally:
+        master.phase = "done"
+        thread.join(timeout=5)
+        master.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_registration_that_breaks_the_setup_excludes_only_its_worker(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    config = _config(make_config, tmp_path, min_workers=2)
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2", "w3")}
         reg = {"n_samples": 100, "device": "cpu"}
         # Each alone is a valid registration; w1's feature size cannot be combined.
         assert clients["w1"].code("register", {"worker_id": "w1", **reg, "info": {
@@ -285,21 +300,13 @@ def test_a_registration_that_breaks_the_setup_excludes_only_its_worker(
         assert clients["w1"].code("ping", {"worker_id": "w1"}) == "excluded"
         assert clients["w2"].code("ping", {"worker_id": "w2"}) == "pong"
         assert "w1" in master.excluded and "feature size" in master.excluded["w1"]
-    finally:
-        master.phase = "done"
-        thread.join(timeout=5)
-        master.close()
-        ctx.destroy(linger=0)
 
 
 def test_vocabulary_counts_no_documents_could_give_are_refused(
         tmp_path: Path, make_config: MakeConfig) -> None:
     config = _config(make_config, tmp_path, model={"family": "lda"})
-    master, thread = _in_process_master(config)
-    rep, pub, keys = _endpoints(config)
-    ctx = zmq.Context()
-    try:
-        h = Hostile(ctx, rep, pub, keys, "w1")
+    with _serving(config) as (master, thread, client):
+        h = client("w1")
         junk = {f"junk{i}": [2**62, 2**62] for i in range(5000)}
         reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu"}
         assert h.code("register", {**reg, "info": {"vocabulary": junk, "n_docs": 100}}
@@ -307,11 +314,6 @@ def test_vocabulary_counts_no_documents_could_give_are_refused(
         honest = {"vocabulary": {"train": [30, 20], "station": [12, 10]}, "n_docs": 100}
         assert h.code("register", {**reg, "info": honest}) == "welcome"
         assert thread.is_alive() and "w1" in master.workers
-    finally:
-        master.phase = "done"
-        thread.join(timeout=5)
-        master.close()
-        ctx.destroy(linger=0)
 
 
 def test_a_worker_abstaining_from_every_step_is_excluded_and_the_others_train(
