@@ -24,7 +24,7 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_REQUEST_HEADER_BYTES = 256 * 1024
 
 #: Most lists and maps one header may build, whatever its size (the cap on msgpack's fan-out).
-MAX_HEADER_CONTAINERS = 1_100_000  # a million-word vocabulary registers in one header
+MAX_HEADER_CONTAINERS = 310_000  # a 300,000-word vocabulary registers in one header
 
 #: Largest message the master's REP socket accepts, in bytes: every frame is bounded by it
 #: before it is read (ZMQ_MAXMSGSIZE: the peer is cut off), and the whole message after it is.

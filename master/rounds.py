@@ -47,6 +47,7 @@ class RoundState:
     participants: list[str] = field(default_factory=list)
     results: dict[str, ClientResult] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # participants whose update was refused
     bytes_in: int = 0
     broadcast_bytes: int = 0
     publish_time: float = 0.0
@@ -156,12 +157,16 @@ class RateLimiter:
 
 def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> bool:
     """The close rule: every live participant has reported, or the deadline has passed, and in
-    either case at least ``min(min_workers, participants)`` updates are in. Dead participants
-    are dropped at once rather than at the deadline."""
+    either case at least ``min(min_workers, participants)`` updates are in; or the deadline
+    has passed and every participant still out had its update refused (it will not send
+    another: the round closes with what it has, perhaps nothing). Dead participants are dropped
+    at once rather than at the deadline."""
     live = [w for w in rnd.waiting() if w in roster and roster.alive(w, now)]
     enough = len(rnd.results) >= min(min_workers, len(rnd.participants))
     if (not live and enough) or (now >= rnd.deadline and enough):
         return True
+    if now >= rnd.deadline and live and set(live) <= rnd.refused:
+        return True  # past the deadline, and those still out had their updates refused
     if now >= rnd.deadline and now - rnd.last_wait_log >= WAIT_LOG_INTERVAL_S:
         rnd.last_wait_log = now
         log.warning("round %d: deadline passed with %d update(s), min_workers=%d; waiting for "

@@ -45,6 +45,10 @@ log = logging.getLogger("fedctl.master")
 
 JOINING, TRAINING, REPORTING, DONE = M.JOINING, M.TRAINING, M.REPORTING, M.DONE
 JOIN_LOG_INTERVAL_S = 10.0  # how often waiting for workers says so
+#: Refusals of an update for what it holds (not for when or by whom it came): its worker will
+#: not send that round again.
+REFUSED_UPDATE = frozenset({errors.BAD_FIELD, errors.DTYPE, errors.SHAPE, errors.NOT_FINITE,
+                            errors.REJECTED})
 
 
 class Master:
@@ -302,6 +306,17 @@ class Master:
 
     def _on_update(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
+        try:
+            self._take_update(ws, msg, nbytes)
+        except ProtocolError as exc:
+            # A worker whose update was refused moves on to the next round: past its deadline
+            # the round does not wait for it even when short of min_workers.
+            if exc.code in REFUSED_UPDATE and self.open is not None \
+                    and ws.worker_id in self.open.participants:
+                self.open.refused.add(ws.worker_id)
+            raise
+
+    def _take_update(self, ws: Any, msg: Message, nbytes: int) -> None:
         b = msg.body
         rnd = self.open
         if self.phase == TRAINING and rnd is None and b["round"] == self.round:
@@ -321,9 +336,10 @@ class Master:
         if ws.worker_id in rnd.results:  # a Lazy Pirate resend: acknowledged, not recounted
             send(self.rep, M.ACK, {"round": rnd.number, "duplicate": True})
             return
-        if not 1 <= b["n_samples"] <= ws.n_samples:
-            raise ProtocolError(f"update: n_samples must be 1-{ws.n_samples}, the samples "
-                                f"{ws.worker_id} registered", code=errors.BAD_FIELD)
+        most = self.family.max_weight(ws.n_samples, ws.info)
+        if not 1 <= b["n_samples"] <= most:
+            raise ProtocolError(f"update: n_samples must be 1-{most}, what {ws.worker_id}'s "
+                                f"registration allows", code=errors.BAD_FIELD)
         M.check_metrics(b["metrics"], "update.metrics")
         arrays = decompress(str(b.get("compression", "none")), msg.arrays,
                             self.family.payload_for(ws.worker_id).arrays)
@@ -356,6 +372,10 @@ class Master:
             if self.open is None:  # resumed: reopen once the workers have had time to hear us
                 if now >= self._resume_at:
                     self._start_round(now)
+            elif self.excluded and len(self.workers) < self.cfg.min_workers:
+                self._fail(f"{len(self.workers)} worker(s) left after excluding "
+                           f"{', '.join(sorted(self.excluded))}, min_workers is "
+                           f"{self.cfg.min_workers}")
             else:
                 self._maybe_close_round(now)
         elif self.phase == REPORTING:
@@ -496,16 +516,14 @@ class Master:
         self._count_silence(rnd, missing)
         progress = next(iter(self.family.trained(self.version).values()))
         t0 = time.perf_counter()
-        if not self._aggregate(rnd):
-            self.open = None  # nothing usable came: the round goes out again, same model
-            self._start_round(time.monotonic())
-            return
+        aggregated = self._aggregate(rnd)
         aggregate_time = time.perf_counter() - t0
-        if next(iter(self.family.trained(self.version + 1).values())) > progress:
-            # A step completed: its workers' past abstentions are forgiven.
-            for wid in rnd.results:
-                self._abstained.pop(wid, None)
-        self.version += 1
+        if aggregated:  # else nothing usable came: the next round starts from the same model
+            if next(iter(self.family.trained(self.version + 1).values())) > progress:
+                # A step completed: its workers' past abstentions are forgiven.
+                for wid in rnd.results:
+                    self._abstained.pop(wid, None)
+            self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
         # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
@@ -553,8 +571,7 @@ class Master:
             self.family.strategy.load_state(strategy_state)
             worst = max(rnd.results, key=lambda w: (dist[w], w))
             self._leave_out(rnd, worst, f"{problem}; left out as the update furthest out")
-        log.warning("round %d: no update left to aggregate: the round is sent again",
-                    rnd.number)
+        log.warning("round %d: no update to aggregate: the model stays as it was", rnd.number)
         return False
 
     def _leave_out(self, rnd: RoundState, worker_id: str, why: str) -> None:

@@ -285,9 +285,19 @@ def test_too_few_frames_is_malformed():
     raises_code(as_bytes(encode("update"))[:1], "malformed")
 
 
-@pytest.mark.parametrize("raw", [b"", b"\xc1", b"\x85\xa1v", b"\x92\x01", b"\xdd\xff\xff\xff\xff"])
+@pytest.mark.parametrize("raw", [b"", b"\xc1", b"\x85\xa1v", b"\x92\x01"])
 def test_header_not_msgpack_is_malformed(raw):
     raises_code([b"update", raw], "malformed")
+
+
+def test_a_list_announcing_four_billion_entries_is_too_large():
+    raises_code([b"update", b"\xdd\xff\xff\xff\xff"], "too_large")
+
+
+def test_a_header_building_too_many_lists_is_too_large():
+    n = 400_000  # one list of 400,000 empty lists: 400 KB that would build 400,000 objects
+    raw = b"\x81\xa1v" + b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n
+    raises_code([b"register", raw], "too_large")
 
 
 def test_header_too_large_is_refused_as_too_large():
@@ -498,7 +508,7 @@ def _fuzz(seed: int, n: int, header_too: bool) -> tuple[dict[str, int], list[str
         try:
             msg = decode(frames)
         except ProtocolError as exc:
-            assert exc.code in ("malformed", "version", "dtype", "shape")
+            assert exc.code in ("malformed", "version", "dtype", "shape", "too_large")
             assert "\n" not in str(exc)
             key = exc.code
         except Exception as exc:  # noqa: BLE001 - recording exactly what should never happen

@@ -93,8 +93,9 @@ def check_metrics(metrics: Any, where: str) -> dict[str, float]:
 
 
 def is_timing(name: str) -> bool:
-    """A metric that is a duration in seconds (``train_time``, ``broadcast_s``)."""
-    return name.endswith(("_time", "_s"))
+    """A metric that is a duration in seconds (``train_time``, ``broadcast_s``; not a rate
+    such as ``tokens_per_s``)."""
+    return name.endswith(("_time", "_s")) and not name.endswith("_per_s")
 
 
 #: The fields of a final report; any other is refused (not stored).

@@ -181,10 +181,16 @@ def decode(frames: Sequence[Any], max_header: int = MAX_HEADER_BYTES,
     budget = _ContainerBudget(max_containers)
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
-                                 list_hook=budget, object_hook=budget)
+                                 list_hook=budget, object_hook=budget,
+                                 max_array_len=max_containers, max_map_len=max_containers)
     except _TooManyContainers:
         raise ProtocolError(f"header builds more than {max_containers} lists and maps",
                             code=errors.TOO_LARGE) from None
+    except ValueError as exc:
+        if "exceeds max" in str(exc):  # msgpack's own length limits
+            raise ProtocolError(f"header holds a list or map of more than {max_containers} "
+                                "entries", code=errors.TOO_LARGE) from None
+        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__})") from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):

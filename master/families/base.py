@@ -132,6 +132,12 @@ class ServerFamily(ABC):
         step's participants for all of them."""
         return None
 
+    def max_weight(self, n_samples: int, info: Mapping[str, Any]) -> int:
+        """The largest ``n_samples`` an update of a worker that registered ``n_samples`` and
+        ``info`` may claim (its weight in an average). By default the registered count; a
+        family that weighs by something else (tokens) bounds it from the registration."""
+        return n_samples
+
     def abstained(self, result: ClientResult) -> bool:
         """True for an upload that declines its part (a multi-round step's abstention): the
         master counts it as silence, and excludes a worker that keeps doing it."""

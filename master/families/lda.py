@@ -75,6 +75,10 @@ class LDAServer(VocabularyServer):
             self.n_topics_[worker_id] = self._topics_for(worker_id)
             self.composed_[worker_id] = np.zeros((0, self.n_words_), dtype=np.float32)
 
+    def max_weight(self, n_samples: int, info: Mapping[str, Any]) -> int:
+        # Updates are weighed by tokens: at most the occurrences of the words registered.
+        return max(1, sum(int(tf) for tf, _ in info.get("vocabulary", {}).values()))
+
     def payload_for(self, worker_id: str) -> Payload:
         if worker_id not in self.composed_:
             return self.global_

@@ -15,8 +15,9 @@ from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import ServerFamily
 
-#: Most distinct words a worker may register.
-MAX_LOCAL_WORDS = 1_000_000
+#: Most distinct words a worker may register (a large English corpus has a few hundred
+#: thousand; the cap keeps a registration's header cheap to decode, MAX_HEADER_CONTAINERS).
+MAX_LOCAL_WORDS = 300_000
 #: Longest word, in characters.
 MAX_WORD = 100
 #: Most occurrences of one word per document a registration may claim (a term frequency over
