@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,8 +367,46 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_config(path: str | Path) -> ClusterConfig:
-    """Read and validate a cluster.yaml.
+def apply_overrides(raw: Any, overrides: Sequence[str], source: str) -> Any:
+    """``raw`` (a parsed cluster.yaml) with each ``FIELD=VALUE`` of ``overrides`` set in it:
+    ``model.lr=0.01``, ``rounds=5``, ``data.limit=600``, ``strategy.name=fedadam``. The value
+    is read as YAML (numbers, booleans, ``null``, ``[6, 4]``); what the result means is then
+    checked like the file itself.
+
+    Raises
+    ------
+    ConfigError
+        An override that is not ``FIELD=VALUE``, or whose path runs through a plain value.
+    """
+    raw = {} if raw is None else raw
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. model.lr=0.01")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text  # not YAML: the string as given
+        node = raw
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part) if isinstance(node, dict) else None
+            if child is None:
+                child = node[part] = {}
+            elif part == "strategy" and isinstance(child, str):
+                child = node[part] = {"name": child}  # `strategy: fedavg` takes parameters
+            if not isinstance(child, dict):
+                where = ".".join(parts[:i + 1])
+                raise ConfigError(f"{source}: --set {key}: {where} is {child!r}, not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfig:
+    """Read and validate a cluster.yaml, with ``--set FIELD=VALUE`` ``overrides`` applied
+    first (:func:`apply_overrides`).
 
     Raises
     ------
@@ -391,6 +430,10 @@ def load_config(path: str | Path) -> ClusterConfig:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{p}: not valid YAML{line}") from None
+    if overrides:
+        if not isinstance(raw, dict | None):
+            raise ConfigError(f"{p}: expected a mapping at the top level")
+        raw = apply_overrides(raw, overrides, str(p))
     return parse_config(raw, source=str(p))
 
 

@@ -35,7 +35,8 @@ _LAZY = {
     "ServerFamily": "master.families.base", "Payload": "master.families.base",
     "ClientFamily": "worker.families.base", "FitResult": "worker.families.base",
     "Strategy": "master.strategies.base", "ClientResult": "master.strategies.base",
-    "load_run": "fedctl.runs", "Run": "fedctl.runs",
+    "load_run": "fedctl.runs", "Run": "fedctl.runs", "list_runs": "fedctl.runs",
+    "load_model": "fedctl.inference", "TrainedModel": "fedctl.inference",
 }
 
 __all__ = ["__version__", "Family", "register_family", "register_strategy", *_LAZY]

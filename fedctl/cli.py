@@ -5,6 +5,8 @@
     fedctl run    [--config cluster.yaml] [--workers N]
     fedctl check  [--config cluster.yaml]
     fedctl bench  [--quick] [--out benchmarks/results]
+    fedctl predict [RUN] INPUT.jsonl [-o OUT.jsonl]
+    fedctl topics | show [RUN];  fedctl runs [FOLDER]
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def _setup_logging(level: str) -> None:
 
 
 def _load(config: str, workers: int | None = None, rounds: int | None = None,
-          output: str | None = None) -> ClusterConfig:
-    cfg = load_config(config)
+          output: str | None = None, overrides: tuple[str, ...] = ()) -> ClusterConfig:
+    cfg = load_config(config, overrides)
     if workers is not None:
         cfg = cfg.with_workers(workers)
     if rounds is not None:
@@ -46,6 +48,10 @@ def _fail(exc: BaseException) -> None:
 
 _config = click.option("--config", "-c", default="cluster.yaml", show_default=True,
                        type=click.Path(dir_okay=False), help="Cluster description.")
+_overrides = click.option(
+    "--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+    help="Override a field of the config, checked like the file (repeatable): "
+         "--set model.lr=0.01 --set data.limit=600.")
 _log_level = click.option("--log-level", default="info", show_default=True,
                           type=click.Choice(["debug", "info", "warning", "error"]))
 
@@ -62,6 +68,7 @@ def main() -> None:
 
 @main.command()
 @_config
+@_overrides
 @click.option("--workers", type=int, default=None,
               help="Expect workers w1..wN instead of the config's worker list.")
 @click.option("--rounds", type=int, default=None, help="Override the number of rounds.")
@@ -71,15 +78,15 @@ def main() -> None:
               help="Continue from the checkpoint in the output folder; running workers "
                    "reconnect by themselves.")
 @_log_level
-def master(config: str, workers: int | None, rounds: int | None, output: str | None,
-           resume: bool, log_level: str) -> None:
+def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds: int | None,
+           output: str | None, resume: bool, log_level: str) -> None:
     """Run the master: announce, collect updates, aggregate, write results."""
     _setup_logging(log_level)
     from common.net.security import SecurityError
     from master.server import Master
 
     try:
-        cfg = _load(config, workers, rounds, output)
+        cfg = _load(config, workers, rounds, output, overrides)
         server = Master(cfg, resume=resume)
         server.bind()
         summary = server.serve()
@@ -130,6 +137,7 @@ def _limit_threads(n: int, report: bool = False) -> None:
 
 @main.command()
 @_config
+@_overrides
 @click.option("--id", "worker_id", required=True, help="This worker's name, e.g. w1.")
 @click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
               help="JSONL {text, label} of this worker's own documents "
@@ -144,8 +152,9 @@ def _limit_threads(n: int, report: bool = False) -> None:
                    "`fedctl worker` processes running on this host when it starts; alone, "
                    "every core).")
 @_log_level
-def worker(config: str, worker_id: str, data: str | None, device: str | None,
-           workers: int | None, rounds: int | None, threads: int | None, log_level: str) -> None:
+def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | None,
+           device: str | None, workers: int | None, rounds: int | None, threads: int | None,
+           log_level: str) -> None:
     """Run a worker: join the master, train on local data each round, report."""
     _setup_logging(log_level)
     if threads is None:
@@ -164,7 +173,7 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
         _limit_threads(threads, report=True)
 
     try:
-        cfg = _load(config, workers, rounds)
+        cfg = _load(config, workers, rounds, overrides=overrides)
         Worker(cfg, worker_id, data_path=data, device=device).run()
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
         _fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
@@ -174,6 +183,7 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
 
 @main.command()
 @_config
+@_overrides
 @click.option("--workers", "-n", type=int, default=None,
               help="Start N workers w1..wN (default: the config's worker list).")
 @click.option("--rounds", type=int, default=None, help="Override the number of rounds.")
@@ -185,8 +195,8 @@ def worker(config: str, worker_id: str, data: str | None, device: str | None,
               help="Replace a finished run in the output folder (an output folder named "
                    "`latest` never needs it: each run gets a new folder beside it).")
 @_log_level
-def run(config: str, workers: int | None, rounds: int | None, output: str | None,
-        progress: bool, overwrite: bool, log_level: str) -> None:
+def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: int | None,
+        output: str | None, progress: bool, overwrite: bool, log_level: str) -> None:
     """Run a whole cluster on this machine: a master and N workers as separate processes
     over TCP loopback, with a live progress display; prints the comparison table.
 
@@ -197,7 +207,7 @@ def run(config: str, workers: int | None, rounds: int | None, output: str | None
     """
     _setup_logging(log_level)
     try:
-        cfg = _load(config, workers, rounds, output)
+        cfg = _load(config, workers, rounds, output, overrides)
         # Imported once the config has loaded: a bad config is reported without waiting for
         # torch and the model families to import.
         from fedctl.run import run_local_cluster
@@ -243,6 +253,7 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
 
 @main.command()
 @_config
+@_overrides
 @click.option("--family/--no-family", default=True, show_default=True,
               help="Also build the model family and its strategy as the master does, read "
                    "every worker's data as the worker will and check the family can train on "
@@ -253,8 +264,8 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
               help="Call the file NAME in messages (to check a new file before it replaces "
                    "NAME).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def check(config: str, family: bool, ports: bool, display_name: str | None,
-          as_json: bool) -> None:
+def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
+          display_name: str | None, as_json: bool) -> None:
     """Check a cluster.yaml and what it points to, as `fedctl master` and `fedctl worker` will.
 
     Reads the file (a key written twice is an error naming both lines), builds the family,
@@ -269,7 +280,7 @@ def check(config: str, family: bool, ports: bool, display_name: str | None,
     logging.basicConfig(level=logging.WARNING, format="Warning: %(message)s")
     found = None
     try:
-        cfg = load_config(config)
+        cfg = load_config(config, overrides)
         if family:
             from master.preflight import preflight
 
@@ -320,8 +331,11 @@ def bench(args: tuple[str, ...]) -> None:
 
 def _register_subcommands() -> None:
     from fedctl.datasets.cli import data
+    from fedctl.use_cli import COMMANDS
 
     main.add_command(data)
+    for command in COMMANDS:
+        main.add_command(command)
 
 
 _register_subcommands()

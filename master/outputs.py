@@ -7,6 +7,7 @@ federated vs centralized, :mod:`master.report`) and ``summary.json``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import logging
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from common.atomic import atomic_write_bytes
+from common.config import ClusterConfig
+from common.data.embedding import embedding_identity
 from master.baselines import simulation_baselines
 from master.families import ServerFamily
 from master.report import comparison_rows, format_table
@@ -34,14 +37,24 @@ def _write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2).encode())
 
 
-def write_model(out: Path, family: ServerFamily, family_name: str, rounds: int, version: int,
-                run_id: str) -> None:
-    """``model.npz`` (the final global arrays) and ``model.json`` (what they are)."""
+def write_model(out: Path, family: ServerFamily, cfg: ClusterConfig, rounds: int,
+                version: int, run_id: str) -> None:
+    """``model.npz`` (the final global arrays) and ``model.json``: everything needed to use
+    them without the cluster (``fedctl predict``, ``fedctl.load_model``): the family and its
+    hyperparameters, the set-up (classes, vocabulary), the task, the sentence model that made
+    the features (name and a hash of its files) and the fedctl that wrote it."""
     final = family.global_
     atomic_write_bytes(out / "model.npz", npz_bytes(final.arrays))
-    _write_json(out / "model.json", {"family": family_name, "setup": family.setup_info_,
-                                     "meta": final.meta, "rounds": rounds, "version": version,
-                                     "run_id": run_id})
+    try:
+        fedctl_version = importlib.metadata.version("fedctl")
+    except importlib.metadata.PackageNotFoundError:
+        fedctl_version = "0.0.0+source"
+    _write_json(out / "model.json", {
+        "family": cfg.family, "params": cfg.family_params, "setup": family.setup_info_,
+        "meta": final.meta, "task": {"task": cfg.data.task, "positive": cfg.data.positive},
+        "embedding": embedding_identity(cfg.data.embedding_model) if family.embeds_text
+        else None, "rounds": rounds, "version": version, "run_id": run_id,
+        "fedctl_version": fedctl_version})
 
 
 def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],

@@ -661,7 +661,7 @@ class Master:
 
     def _finish(self) -> None:
         self._checkpoints.flush()  # every round's events are in the log before the summary
-        write_model(self.out, self.family, self.cfg.family, self.round, self.version,
+        write_model(self.out, self.family, self.cfg, self.round, self.version,
                     self.run_id)
         self.summary, table = write_results(
             self.out, self.family, {w: s.report for w, s in self.workers.items()},

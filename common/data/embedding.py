@@ -67,6 +67,21 @@ def resolve_device(device: str = "auto") -> str:
     raise DataError(f"unknown device '{device}'; use auto, cpu, cuda, cuda:N or mps")
 
 
+@lru_cache(maxsize=4)
+def embedding_identity(model_path: str | None = None) -> dict[str, str]:
+    """What a sentence model is, for a trained model's ``model.json``: its folder's last two
+    path parts and the sha256 of every file in it (relative path and bytes, in path order), so
+    a model trained on one encoder's features refuses another's."""
+    folder = Path(model_path or default_model_path())
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(folder)).encode() + b"\0")
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return {"name": "/".join(folder.parts[-2:]), "sha256": h.hexdigest()}
+
+
 def _cache_key(model_path: str, texts: list[str]) -> str:
     """sha256 of the model's identity, a newline, then the texts joined by NUL.
 

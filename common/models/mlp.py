@@ -172,6 +172,13 @@ class MLPClassifier:
         return self.model_(x_t).argmax(dim=1).cpu().numpy()
 
     @torch.no_grad()
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities (softmax of the logits), shape (n, n_classes)."""
+        self.model_.eval()
+        x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
+        return torch.softmax(self.model_(x_t), dim=1).cpu().numpy()
+
+    @torch.no_grad()
     def score(self, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """Accuracy, macro-F1 and mean cross-entropy on (X, y), from one forward pass."""
         self.model_.eval()

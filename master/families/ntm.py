@@ -239,4 +239,5 @@ class CombinedTMServer(ProdLDAServer):
 
     name = "combinedtm"
     contextual_size = CONTEXT_SIZE
+    embeds_text = True
 

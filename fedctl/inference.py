@@ -1,0 +1,273 @@
+"""Trained models, used without the cluster: ``fedctl.load_model(run)`` and ``fedctl predict``.
+
+A run's folder holds ``model.npz`` (the final global arrays) and ``model.json`` (what they are:
+family, hyperparameters, classes or vocabulary, the sentence model that made the features).
+:func:`load_model` turns them back into an object with scikit-learn's verbs:
+
+* a classifier (``mlp``): ``predict(texts)`` -> labels, ``predict_proba(texts)``;
+* a clusterer (``fstc``): ``predict`` -> clusters, ``predict_proba``;
+* a topic model (``nmf``, ``prodlda``, ``combinedtm``, ``lda``, ``sentencelda``):
+  ``transform(texts)`` -> each document's topic mixture, ``predict`` -> its top topic,
+  ``get_topics(n)`` -> each topic's top words.
+
+Each takes a list of texts (embedded with the run's sentence model, cached as in training) or,
+for the families that embed text, an array of features already made by that model.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.data.embedding import embed_texts, embedding_identity
+from common.data.text import bow_matrix
+from fedctl.runs import Run, load_run
+
+__all__ = ["TrainedModel", "Classifier", "Clusterer", "TopicModel", "load_model",
+           "ModelError"]
+
+Texts = Sequence[str] | np.ndarray
+
+
+class ModelError(ValueError):
+    """A model that cannot be used as asked; the message is one line saying why."""
+
+
+class TrainedModel(ABC):
+    """A run's final model, read back (see the module docstring).
+
+    Attributes
+    ----------
+    run : Run
+        The run folder it comes from.
+    family : str
+    params : dict
+        The family's hyperparameters (the ``model`` section it was trained with).
+    """
+
+    kind: str = "model"
+
+    def __init__(self, run: Run, device: str = "cpu") -> None:
+        self.run = run
+        self.family = run.family
+        self.params = dict(run.model.get("params") or run.config.family_params)
+        self.setup = dict(run.model.get("setup") or {})
+        self.device = device
+
+    # -- input --------------------------------------------------------------------------
+    def features(self, texts: Texts, progress: bool = False) -> np.ndarray:
+        """Sentence features of ``texts`` by the run's sentence model (cached on disk), or
+        ``texts`` itself when it is already a feature array of the right width."""
+        expected = self.run.model.get("embedding")
+        if isinstance(texts, np.ndarray):
+            width = self.input_dim
+            if texts.ndim != 2 or (width and texts.shape[1] != width):
+                raise ModelError(f"features of shape {texts.shape}, but this model takes "
+                                 f"{width} per document ({(expected or {}).get('name')})")
+            return np.asarray(texts, dtype=np.float32)
+        cfg = self.run.config
+        if expected is not None:
+            found = embedding_identity(cfg.data.embedding_model)
+            if found["sha256"] != expected["sha256"]:
+                raise ModelError(f"{self.run.path}: trained on features of {expected['name']} "
+                                 f"(sha256 {expected['sha256'][:12]}), but the sentence model "
+                                 f"here is {found['name']} (sha256 {found['sha256'][:12]})")
+        return embed_texts(list(texts), model_path=cfg.data.embedding_model,
+                           cache_dir=cfg.data.cache_dir, device=self.device, progress=progress)
+
+    @property
+    def input_dim(self) -> int | None:
+        """Features per document the model takes, where it takes features."""
+        return None
+
+    @abstractmethod
+    def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        """One JSON-able record per document: what ``fedctl predict`` writes."""
+
+
+class Classifier(TrainedModel):
+    """The ``mlp`` family: a document classifier on sentence features."""
+
+    kind = "classifier"
+
+    def __init__(self, run: Run, device: str = "cpu") -> None:
+        super().__init__(run, device)
+        from common.config import build_params
+        from common.models.mlp import MLPParams
+
+        self.classes_ = list(self.setup["classes"])
+        params = build_params(MLPParams, self.params, f"{run.path}/model.json: params")
+        self.model_ = params.classifier(int(self.setup["input_dim"]), len(self.classes_),
+                                        device=device)
+        self.model_.set_arrays(run.arrays)
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.setup["input_dim"])
+
+    def predict_proba(self, texts: Texts, progress: bool = False) -> np.ndarray:
+        """Class probabilities, shape (n_documents, n_classes), columns in ``classes_`` order."""
+        return self.model_.predict_proba(self.features(texts, progress))
+
+    def predict(self, texts: Texts, progress: bool = False) -> np.ndarray:
+        """Each document's most probable class name."""
+        return np.asarray(self.classes_)[self.predict_proba(texts, progress).argmax(axis=1)]
+
+    def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        proba = self.predict_proba(texts, progress)
+        return [{"label": self.classes_[int(p.argmax())],
+                 "proba": {c: round(float(v), 6) for c, v in zip(self.classes_, p, strict=True)}}
+                for p in proba]
+
+
+class Clusterer(TrainedModel):
+    """The ``fstc`` family: short-text clusters on sentence features."""
+
+    kind = "clusterer"
+
+    def __init__(self, run: Run, device: str = "cpu") -> None:
+        super().__init__(run, device)
+        from common.config import build_params
+        from common.models.fstc import FSTCParams
+
+        params = build_params(FSTCParams, self.params, f"{run.path}/model.json: params")
+        if "head.weight" not in run.arrays:
+            raise ModelError(f"{run.path}: model.npz holds no clustering head (head.weight)")
+        self.n_clusters_ = int(run.arrays["head.weight"].shape[0])
+        self.encoder = params.encoder
+        self.model_ = params.clusterer(self.n_clusters_, device=device).set_arrays(run.arrays)
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.run.arrays["head.weight"].shape[1])
+
+    def _inputs(self, texts: Texts, progress: bool) -> Any:
+        if self.encoder != "frozen":  # a fine-tuned encoder reads the texts themselves
+            if isinstance(texts, np.ndarray):
+                raise ModelError("this model fine-tuned its encoder: give it texts")
+            return list(texts)
+        return self.features(texts, progress)
+
+    def predict_proba(self, texts: Texts, progress: bool = False) -> np.ndarray:
+        """Cluster probabilities, shape (n_documents, n_clusters)."""
+        return self.model_.predict_proba(self._inputs(texts, progress))
+
+    def predict(self, texts: Texts, progress: bool = False) -> np.ndarray:
+        """Each document's cluster."""
+        return self.predict_proba(texts, progress).argmax(axis=1)
+
+    def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        proba = self.predict_proba(texts, progress)
+        return [{"cluster": int(p.argmax()), "proba": [round(float(v), 6) for v in p]}
+                for p in proba]
+
+
+class TopicModel(TrainedModel):
+    """The topic families: ``nmf``, ``prodlda``, ``combinedtm``, ``lda``, ``sentencelda``."""
+
+    kind = "topics"
+
+    def __init__(self, run: Run, device: str = "cpu") -> None:
+        super().__init__(run, device)
+        self.vocabulary_ = list(self.setup["vocabulary"])
+        self._build()
+
+    def _build(self) -> None:
+        from common.config import build_params
+
+        fam = self.family
+        where = f"{self.run.path}/model.json: params"
+        if fam == "nmf":
+            from common.models.nmf import NMFParams
+            self.model_ = build_params(NMFParams, self.params, where).model(device=self.device)
+            self.model_.set_arrays(self.run.arrays)
+        elif fam in ("prodlda", "combinedtm"):
+            from common.models.ntm import NTMParams
+            self.contextual_size = int(self.setup.get("contextual_size", 0))
+            self.model_ = build_params(NTMParams, self.params, where).model(
+                self.contextual_size, 0, self.device)
+            self.model_.initialize(len(self.vocabulary_)).set_arrays(self.run.arrays)
+        else:  # lda, sentencelda: the merged topics, K x V, rows summing to one
+            from common.models.lda_mh import TOPICS, LDAParams
+            self.lda_params = build_params(LDAParams, self.params, where)
+            self.topic_word_ = np.asarray(self.run.arrays[TOPICS], dtype=np.float64)
+
+    @property
+    def n_topics(self) -> int:
+        return int(self.topic_word().shape[0])
+
+    def topic_word(self) -> np.ndarray:
+        """Topics over the vocabulary, shape (n_topics, n_words)."""
+        if self.family == "nmf":
+            return np.asarray(self.model_.components_, dtype=np.float64)
+        if self.family in ("prodlda", "combinedtm"):  # the decoder's weights, as it ranks them
+            return self.model_.get_topic_word_matrix()
+        return self.topic_word_
+
+    def get_topics(self, n: int = 10) -> list[list[str]]:
+        """Each topic's ``n`` most probable words."""
+        from common.eval.topics import top_words
+        return top_words(self.topic_word(), self.vocabulary_, n)
+
+    def transform(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """Each document's topic mixture, shape (n_documents, n_topics): the same map the
+        workers scored with (NMF: weights with the topics fixed; ProdLDA / CombinedTM: the
+        encoder's mean θ; LDA: Gibbs fold-in under the merged topics, seeded)."""
+        if isinstance(texts, np.ndarray):
+            raise ModelError("a topic model reads texts, not features")
+        texts = list(texts)
+        if self.family == "nmf":
+            return np.asarray(self.model_.transform(bow_matrix(texts, self.vocabulary_)))
+        if self.family in ("prodlda", "combinedtm"):
+            ctx = self.features(texts, progress) if self.contextual_size else None
+            return np.asarray(self.model_.transform(bow_matrix(texts, self.vocabulary_), ctx))
+        from common.models.lda_mh import corpus_from_texts, fold_in
+        p = self.lda_params
+        return fold_in(self.topic_word_, corpus_from_texts(texts, self.vocabulary_), p.alpha,
+                       p.eval_iter, self.run.config.seed)
+
+    def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """Each document's most weighted topic."""
+        return self.transform(texts, progress).argmax(axis=1)
+
+    def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        theta = self.transform(texts, progress)
+        heads = self.get_topics(5)
+        out = []
+        for row in theta:
+            total = float(row.sum())
+            mix = row / total if total > 0 else row
+            top = np.argsort(-mix)[:3]
+            out.append({"topic": int(top[0]), "mixture": [round(float(v), 6) for v in mix],
+                        "top_topics": [{"topic": int(k), "weight": round(float(mix[k]), 6),
+                                        "words": heads[k]} for k in top]})
+        return out
+
+
+_KINDS: dict[str, type[TrainedModel]] = {
+    "mlp": Classifier, "fstc": Clusterer, "nmf": TopicModel, "prodlda": TopicModel,
+    "combinedtm": TopicModel, "lda": TopicModel, "sentencelda": TopicModel}
+
+
+def load_model(run: str | Path | Run, device: str = "cpu") -> TrainedModel:
+    """The final model of a run folder (``runs/latest``, ``runs/<time>-<id>``) as an object
+    with ``predict`` and ``predict_proba`` / ``transform`` / ``get_topics``.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder holds no finished run.
+    ModelError
+        A family this version cannot read back (e.g. a plug-in's), or a model that does not
+        match what it is given.
+    """
+    run = run if isinstance(run, Run) else load_run(run)
+    cls = _KINDS.get(run.family)
+    if cls is None:
+        raise ModelError(f"{run.path}: family {run.family!r} has no reader here "
+                         f"(readable: {', '.join(sorted(_KINDS))})")
+    return cls(run, device)

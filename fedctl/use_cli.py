@@ -1,0 +1,156 @@
+"""The commands that use what was trained: ``fedctl predict``, ``topics``, ``show`` and ``runs``.
+
+Each takes a run folder (``runs/latest``, ``runs/<UTC time>-<id>``, or any ``output_dir``) and
+never starts a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from common.atomic import atomic_write_bytes
+
+_run_arg = click.argument("run", type=click.Path(exists=True, file_okay=False),
+                          default="runs/latest")
+
+
+def _fail(exc: BaseException) -> None:
+    raise click.ClickException(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def _read_texts(path: str) -> list[str]:
+    """The ``text`` of every line of a JSONL file (a plain-text file: one document a line)."""
+    texts = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if path.endswith((".jsonl", ".json")):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
+                texts.append(row["text"])
+            else:
+                texts.append(line.rstrip("\n"))
+    if not texts:
+        raise ValueError(f"{path}: no documents")
+    return texts
+
+
+@click.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Where to write one JSON line per document (default: standard output).")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A progress bar while embedding.")
+def predict(run: str, input_path: str, output: str | None, progress: bool) -> None:
+    """Apply RUN's trained model to the documents of INPUT (JSONL with a "text" field, or
+    plain text, one document a line), e.g. `fedctl predict runs/latest docs.jsonl -o out.jsonl`.
+
+    Writes one JSON line per document, in order: the MLP's label and class probabilities;
+    FSTC's cluster and its probabilities; a topic model's mixture and top topics with their
+    words.
+    """
+    try:
+        from fedctl.inference import ModelError, load_model
+
+        texts = _read_texts(input_path)
+        model = load_model(run)
+        # All at once: the embeddings are cached under the whole list, so a file the cluster
+        # trained on costs no embedding at all.
+        lines = [json.dumps(r) for r in model.records(texts, progress=progress)]
+    except (FileNotFoundError, ValueError, ModelError) as exc:
+        _fail(exc)
+    data = "".join(line + "\n" for line in lines).encode()
+    if output is None:
+        click.echo(data.decode(), nl=False)
+    else:
+        atomic_write_bytes(Path(output), data)
+        click.echo(f"{len(lines)} predictions written to {output}", err=True)
+
+
+@click.command()
+@_run_arg
+@click.option("-n", "n_words", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Words per topic.")
+def topics(run: str, n_words: int) -> None:
+    """Print each topic's top words (the topic families: nmf, prodlda, combinedtm, lda,
+    sentencelda). RUN defaults to runs/latest."""
+    try:
+        from fedctl.inference import ModelError, TopicModel, load_model
+
+        model = load_model(run)
+        if not isinstance(model, TopicModel):
+            raise ModelError(f"{run}: family {model.family} has no topics (a {model.kind})")
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+    heads = model.get_topics(n_words)
+    width = len(str(len(heads) - 1))
+    for k, words in enumerate(heads):
+        click.echo(f"topic {k:>{width}}: {' '.join(words)}")
+
+
+@click.command()
+@_run_arg
+def show(run: str) -> None:
+    """Print what RUN was and what it gave: family, configuration, rounds, wall time, final
+    scores and the comparison table. RUN defaults to runs/latest."""
+    folder = Path(run)
+    try:
+        from fedctl.runs import load_run, wall_time
+
+        r = load_run(folder)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+    s = r.summary or {}
+    cfg = r.config
+    wall = wall_time(folder)
+    click.echo(f"run {s.get('run_id', '?')} in {folder.resolve()}")
+    click.echo(f"family {r.family} ({json.dumps(r.model.get('params') or cfg.family_params)}), "
+               f"strategy {cfg.strategy.get('name')}, {len(cfg.workers)} worker(s): "
+               f"{', '.join(w.name for w in cfg.workers)}")
+    click.echo(f"rounds {s.get('rounds', '?')}, trained {s.get('trained', '?')}, "
+               f"wall time {'-' if wall is None else f'{wall:.1f} s'}, "
+               f"data {cfg.data.path} ({cfg.data.task}, {cfg.data.partition})")
+    if s.get("refused"):
+        click.echo(f"refused requests: {s['refused']}")
+    if s.get("excluded"):
+        click.echo(f"excluded workers: {s['excluded']}")
+    table = folder / "comparison.md"
+    if table.is_file():
+        click.echo("")
+        click.echo(table.read_text().rstrip())
+
+
+@click.command("runs")
+@click.argument("folder", type=click.Path(file_okay=False), default="runs")
+def runs_cmd(folder: str) -> None:
+    """List the runs in FOLDER (default runs/), newest last: when, family, workers, rounds,
+    headline score, wall time, and whether it finished."""
+    from fedctl.runs import list_runs
+
+    root = Path(folder)
+    found = list_runs(root)
+    if not found:
+        click.echo(f"{root}: no runs")
+        return
+    latest = (root / "latest").resolve() if (root / "latest").exists() else None
+    header = f"{'run':<28} {'family':<11} {'workers':>7} {'rounds':>6} {'score':<20} " \
+             f"{'wall':>8}  state"
+    click.echo(header)
+    for entry in found:
+        mark = " (latest)" if latest is not None and entry["path"].resolve() == latest else ""
+        wall = "-" if entry["wall_s"] is None else f"{entry['wall_s']:.1f}s"
+        click.echo(f"{entry['path'].name:<28} {entry['family']:<11} {entry['workers']:>7} "
+                   f"{entry['rounds']:>6} {entry['score']:<20} {wall:>8}  "
+                   f"{entry['state']}{mark}")
+
+
+COMMANDS = (predict, topics, show, runs_cmd)
