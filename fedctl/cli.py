@@ -92,6 +92,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
         summary = server.serve()
         if summary.get("failed"):
             raise RuntimeError(summary["failed"])
+        _draw_curves(Path(cfg.output_dir))
         unit, count = next(iter(summary.get("trained", {"rounds": 1}).items()))
         if count == 0:  # the run "completed" but changed nothing: not a success
             raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "
@@ -101,6 +102,17 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     finally:
         if "server" in locals():
             server.close()
+
+
+def _draw_curves(out: Path) -> None:
+    """``curves.png`` of a finished run; a picture that cannot be drawn costs a warning, not
+    the run."""
+    try:
+        from fedctl.plots import plot_runs
+
+        plot_runs([out], out / "curves.png")
+    except Exception as exc:  # matplotlib's many errors: the run itself is fine
+        logging.getLogger("fedctl").warning("curves.png not drawn: %s", exc)
 
 
 def _workers_on_this_host() -> int:

@@ -7,6 +7,7 @@ never starts a cluster.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -153,4 +154,57 @@ def runs_cmd(folder: str) -> None:
                    f"{entry['state']}{mark}")
 
 
-COMMANDS = (predict, topics, show, runs_cmd)
+@click.command()
+@click.argument("runs", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="curves.png",
+              show_default=True, help="The picture to write (PNG).")
+@click.option("--title", default=None, help="The picture's title.")
+def plot(runs: tuple[str, ...], output: str, title: str | None) -> None:
+    """Draw the learning curves of one run or more on each other, e.g. two strategies:
+    `fedctl plot runs/A runs/B -o compare.png`. Runs that differ only by seed are drawn as
+    their mean with a band from the lowest to the highest."""
+    from fedctl.plots import plot_runs
+
+    for r in runs:
+        if not (Path(r) / "metrics.jsonl").is_file():
+            _fail(FileNotFoundError(f"{r}: no metrics.jsonl (not a fedctl run)"))
+    click.echo(f"wrote {plot_runs(runs, output, title)}")
+
+
+#: ``fedctl init --family NAME``: the example each family starts from.
+STARTERS = {"mlp": "mlp_multiclass.yaml", "nmf": "nmf_mi_fedadam.yaml",
+            "prodlda": "prodlda_sync.yaml", "combinedtm": "combinedtm.yaml", "fstc": "fstc.yaml",
+            "lda": "lda_privacy.yaml", "sentencelda": "sentencelda.yaml"}
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@click.command()
+@click.option("--family", "-f", type=click.Choice(sorted(STARTERS)), default="mlp",
+              show_default=True, help="The model family to start with.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="cluster.yaml",
+              show_default=True, help="Where to write the configuration.")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def init(family: str, output: str, force: bool) -> None:
+    """Write a starter configuration for a model family: a commented, working cluster.yaml
+    (the family's example from examples/, its paths made relative to where it is written).
+    Then: `fedctl check`, `fedctl run`."""
+    target = Path(output)
+    if target.exists() and not force:
+        _fail(FileExistsError(f"{target}: exists (use --force to replace it)"))
+    source = EXAMPLES / STARTERS[family]
+    if not source.is_file():
+        _fail(FileNotFoundError(f"{source}: the examples are not installed with this copy"))
+    text = source.read_text()
+    # The bundled data: relative to the new file inside the project, absolute outside it; the
+    # runs go beside the new file.
+    data, here = EXAMPLES.parent / "data", target.resolve().parent
+    inside = here == EXAMPLES.parent or EXAMPLES.parent in here.parents
+    text = text.replace("../data/", (os.path.relpath(data, here) if inside else str(data)) + "/")
+    text = text.replace("../runs/", "runs/")
+    atomic_write_bytes(target, text.encode())
+    click.echo(f"wrote {target} ({family}, from examples/{source.name}); next: "
+               f"fedctl check --config {target} && fedctl run --config {target}")
+
+
+COMMANDS = (predict, topics, show, runs_cmd, plot, init)

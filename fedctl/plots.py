@@ -1,0 +1,167 @@
+"""Learning curves from a run's ``metrics.jsonl``: ``curves.png`` at the end of every run, and
+``fedctl plot RUN [RUN ...]`` to lay runs over each other (two strategies, several seeds).
+
+Two panels per picture: the global model's score after each round of training (what every
+worker measured on its own test split before training on it, and the final model's score from
+the closing report: one thin line per worker and their mean), and
+the time each round took beside the part of it that was not the slowest worker's training (the
+cluster's overhead). Runs given together that differ only by seed are drawn as their mean with
+a band from the lowest to the highest.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.runlog import read_metrics
+
+#: The score a curve follows: the first of these the workers measured each round. Higher is
+#: better unless said.
+SCORES = (("macro_f1", "macro-F1", True), ("accuracy", "accuracy", True),
+          ("nmi", "NMI", True), ("npmi_doc", "NPMI (documents)", True),
+          ("heldout_ll_per_token", "held-out log-likelihood per token", True),
+          ("perplexity", "perplexity (lower is better)", False),
+          ("loss", "test loss (lower is better)", False))
+
+
+def _curves(events: list[dict[str, Any]], summary: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """Each worker's score after 0, 1, ... rounds of training (a round's ``worker_round``
+    scores the model it started from; the final model's scores come from ``summary``), and the
+    rounds' durations and overheads."""
+    rounds = [e for e in events if e.get("event") == "round"]
+    workers = [e for e in events if e.get("event") == "worker_round"]
+    score = next(((k, label) for k, label, _ in SCORES
+                  if any(isinstance(e.get(k), (int, float)) for e in workers)), None)
+    per_worker: dict[str, dict[int, float]] = defaultdict(dict)
+    if score is not None:
+        for e in workers:
+            if isinstance(e.get(score[0]), (int, float)):
+                per_worker[e["worker"]][int(e["round"]) - 1] = float(e[score[0]])
+        trained = len(rounds)
+        for row in (summary or {}).get("comparison") or []:
+            value = row.get(f"federated_{score[0]}")
+            if isinstance(value, (int, float)) and row.get("worker") in per_worker:
+                per_worker[row["worker"]][trained] = float(value)
+    return {"score": score, "per_worker": dict(per_worker),
+            "round": [int(e["round"]) for e in rounds],
+            "duration": [float(e["duration_s"]) for e in rounds],
+            "overhead": [float(e.get("overhead_s") or 0.0) for e in rounds]}
+
+
+def _mean_curve(per_worker: dict[str, dict[int, float]]) -> tuple[list[int], list[float]]:
+    rounds = sorted({r for curve in per_worker.values() for r in curve})
+    return rounds, [float(np.mean([c[r] for c in per_worker.values() if r in c]))
+                    for r in rounds]
+
+
+def _summary(run_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _label(run_dir: Path) -> str:
+    """What tells runs apart in a legend: family, strategy, and the folder's name."""
+    from common.config import load_config
+
+    try:
+        cfg = load_config(run_dir / "cluster.yaml")
+        return f"{cfg.family} {cfg.strategy.get('name')}"
+    except Exception:  # a folder without its config: its name will do
+        return run_dir.name
+
+
+def _seedless(run_dir: Path) -> str:
+    """The run's configuration with its seed and folders left out: runs that share it are
+    repetitions (seeds) of one experiment."""
+    import json
+
+    from common.config import config_to_dict, load_config
+
+    try:
+        raw = config_to_dict(load_config(run_dir / "cluster.yaml"))
+    except Exception:
+        return str(run_dir)
+    for key in ("seed", "output_dir", "master", "source"):
+        raw.pop(key, None)
+    return json.dumps(raw, sort_keys=True, default=str)
+
+
+def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = None) -> Path:
+    """Draw the learning curves of ``runs`` into ``out`` (a PNG) and return its path.
+
+    One run: a line per worker and their mean. Several: each run's mean, runs that differ
+    only by seed drawn as their mean and a min-max band.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dirs = [Path(r) for r in runs]
+    data = {d: _curves(read_metrics(d / "metrics.jsonl"), _summary(d)) for d in dirs}
+    fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5))
+    score_label = next((c["score"][1] for c in data.values() if c["score"]), None)
+    if len(dirs) == 1:
+        c = data[dirs[0]]
+        for i, (w, curve) in enumerate(sorted(c["per_worker"].items())):
+            xs = sorted(curve)
+            ax_s.plot(xs, [curve[x] for x in xs], lw=1, alpha=0.6, marker=".", color=f"C{i}",
+                      label=w)
+        if c["per_worker"]:
+            xs, ys = _mean_curve(c["per_worker"])
+            ax_s.plot(xs, ys, lw=2.5, color="black", label="mean of the workers")
+        ax_t.plot(c["round"], c["duration"], marker=".", label="round")
+        ax_t.plot(c["round"], c["overhead"], marker=".",
+                  label="overhead (round - slowest training)")
+    else:
+        groups: dict[str, list[Path]] = defaultdict(list)
+        for d in dirs:
+            groups[_seedless(d)].append(d)
+        for i, members in enumerate(groups.values()):
+            name = _label(members[0]) + ("" if len(members) == 1 else
+                                         f" ({len(members)} seeds)")
+            if len(groups) > 1 and len({_label(m) for g in groups.values() for m in g}) == 1:
+                name = ", ".join(m.name for m in members)  # same family and strategy
+            means = [_mean_curve(data[m]["per_worker"]) for m in members
+                     if data[m]["per_worker"]]
+            if means:
+                xs = sorted(set.intersection(*(set(x) for x, _ in means)))
+                ys = np.array([[dict(zip(x, y, strict=True))[r] for r in xs] for x, y in means])
+                ax_s.plot(xs, ys.mean(0), lw=2, color=f"C{i}", label=name)
+                if len(means) > 1:
+                    ax_s.fill_between(xs, ys.min(0), ys.max(0), color=f"C{i}", alpha=0.2)
+            durs = [data[m] for m in members]
+            n = min(len(c["round"]) for c in durs)
+            if n:
+                d = np.array([c["duration"][:n] for c in durs])
+                xs = durs[0]["round"][:n]
+                ax_t.plot(xs, d.mean(0), color=f"C{i}", marker=".", label=name)
+                if len(durs) > 1:
+                    ax_t.fill_between(xs, d.min(0), d.max(0), color=f"C{i}", alpha=0.2)
+    ax_s.set_title("Global model on each worker's test split")
+    ax_s.set_xlabel("rounds of training")
+    ax_s.set_ylabel(score_label or "no score measured")
+    ax_t.set_title("Time per round")
+    ax_t.set_xlabel("round")
+    ax_t.set_ylabel("seconds")
+    ax_t.set_ylim(bottom=0)
+    for ax in (ax_s, ax_t):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(title or (f"{dirs[0].resolve().name}: {_label(dirs[0])}" if len(dirs) == 1
+                           else f"{len(dirs)} runs"))
+    fig.tight_layout()
+    path = Path(out)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,123 @@
+"""Every example of examples/ through ``fedctl run`` as a user runs it (baselines on, as the
+file says), made small with ``--set``; then what was trained, used: ``fedctl predict`` writes a
+line per document, ``fedctl topics`` prints the topics, and the model read back agrees with
+what the cluster measured.
+
+* The MLP's predictions on a worker's test split give exactly that worker's federated
+  macro-F1 in comparison.json.
+* A topic model's ``transform`` through ``fedctl.load_model`` equals the topic weights the
+  worker scored the final model with (FedNMF: the weights solved with the topics fixed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedctl.launch import child_env, fedctl_command
+from master.families import SERVER_FAMILIES
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+#: What makes each example small enough for CI: 2 workers, 2 rounds (5 for prodlda's
+#: synchronized step), 600 documents, small models. Everything else is the example's own.
+SMALL: dict[str, list[str]] = {
+    "mlp": ["model.hidden=16"],
+    "nmf": ["model.n_topics=4", "model.vocab_size=300"],
+    "prodlda": ["model.n_topics=4", "model.vocab_size=300", "model.batch_size=32"],
+    "combinedtm": ["model.n_topics=4", "model.vocab_size=300"],
+    "fstc": ["model.n_clusters=4", "model.iterations=5", "model.batch_size=64"],
+    "lda": ["model.n_topics=4", "model.sweeps=2", "model.vocab_size=300", "model.eval_iter=5"],
+    "sentencelda": ["model.n_topics=4", "model.sweeps=2", "model.vocab_size=300",
+                    "model.eval_iter=5"],
+}
+
+
+def _family(example: Path) -> str:
+    import yaml
+
+    return yaml.safe_load(example.read_text())["model"]["family"]
+
+
+def _fedctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(fedctl_command(*args), cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_registered_family_has_an_example() -> None:
+    assert {_family(e) for e in EXAMPLES} == set(SERVER_FAMILIES)
+    assert set(SMALL) == set(SERVER_FAMILIES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> None:
+    family = _family(example)
+    out = tmp_path / "out"
+    sets = [f"--set={s}" for s in ["workers=[w1, w2]", "min_workers=2", "data.limit=600",
+                                   *SMALL[family]]]
+    rounds = "5" if family == "prodlda" else "2"
+    proc = _fedctl("run", "--config", str(example), "--rounds", rounds, "-o", str(out),
+                   "--no-progress", *sets)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trained"][next(iter(summary["trained"]))] > 0
+    assert (out / "curves.png").stat().st_size > 10_000
+    model_json = json.loads((out / "model.json").read_text())
+    assert model_json["family"] == family and model_json["fedctl_version"]
+
+    from common.config import load_config
+    from common.data.shards import local_data
+
+    cfg = load_config(out / "cluster.yaml")
+    data = local_data(cfg, "w1")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in data.dataset.texts[:50]))
+    pred = _fedctl("predict", str(out), str(docs), "-o", str(tmp_path / "p.jsonl"),
+                   "--no-progress")
+    assert pred.returncode == 0, pred.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(lines) == 50
+    key = {"mlp": "label", "fstc": "cluster"}.get(family, "topic")
+    assert all(key in line for line in lines)
+    if key == "topic":
+        topics = _fedctl("topics", str(out), "-n", "5")
+        assert topics.returncode == 0, topics.stderr
+        assert len(topics.stdout.splitlines()) == len(lines[0]["mixture"])
+    _agrees_with_the_cluster(family, out, summary)
+
+
+def _agrees_with_the_cluster(family: str, out: Path, summary: dict[str, Any]) -> None:
+    from common.config import load_config
+    from common.data.shards import local_data, sentence_features
+    from common.eval.classification import classification_metrics
+    from fedctl import load_model
+
+    model = load_model(out)
+    cfg = model.run.config
+    if family == "mlp":
+        for row in summary["comparison"]:
+            data = local_data(cfg, row["worker"])
+            X = sentence_features(cfg, data.dataset)[data.test_index]
+            y_true = np.asarray(data.classes)[data.y_test]
+            f1 = classification_metrics(y_true, model.predict(X))  # by class name
+            assert f1["macro_f1"] == pytest.approx(row["federated_macro_f1"], abs=1e-12)
+    elif family == "nmf":
+        # The worker's own final scoring: its test documents over the agreed vocabulary, the
+        # topic weights solved with the final topics fixed.
+        from worker.families import make_client_family
+
+        client = make_client_family(load_config(out / "cluster.yaml"), local_data(cfg, "w1"),
+                                     "cpu", 0)
+        client.setup(model.setup)
+        client.model.set_arrays(model.run.arrays)
+        theirs = client.model.transform(client.x_test)
+        ours = model.transform(client.test_texts)
+        assert np.allclose(ours, theirs, atol=1e-6)
