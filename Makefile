@@ -11,7 +11,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev,bench]' "$(TORCH)"
+	$(PY) -m pip install -q -e '.[dev,bench,tracking]' "$(TORCH)"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -98,6 +98,23 @@ class SecurityConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where the per-round metrics also go (``pip install 'fedctl[tracking]'``).
+
+    ``tensorboard``: false, true (``<run>/tensorboard``) or a folder; ``mlflow``: false, true
+    (a file store in ``<run>/mlruns``), a folder, or a tracking URI (``http://host:5000``);
+    ``experiment``: the MLflow experiment's name."""
+
+    tensorboard: bool | str = False
+    mlflow: bool | str = False
+    experiment: str = "fedctl"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tensorboard or self.mlflow)
+
+
+@dataclass
 class ClusterConfig:
     """The whole cluster description (see the README's cluster.yaml reference)."""
 
@@ -112,6 +129,7 @@ class ClusterConfig:
     join_timeout: float = C.JOIN_TIMEOUT
     data: DataConfig = field(default_factory=DataConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     compression: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     heartbeat_timeout: float = C.HEARTBEAT_TIMEOUT
     report_timeout: float = C.REPORT_TIMEOUT
@@ -196,7 +214,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         raw = {}
     _expect(isinstance(raw, dict), src, "a mapping at the top level", type(raw).__name__)
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
-           "round_deadline", "join_timeout", "data", "security", "compression",
+           "round_deadline", "join_timeout", "data", "security", "tracking", "compression",
            "heartbeat_timeout", "report_timeout", "eval_every", "checkpoint_every",
            "checkpoint_budget", "max_weight_fraction", "max_message_mb", "output_dir",
            "baselines", "seed"}
@@ -326,6 +344,18 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
 
     # Relative paths are relative to the YAML file's directory.
     base = Path(source).resolve().parent if Path(source).exists() else Path.cwd()
+    if raw.get("tracking") is not None:
+        tr = dict(_section(raw, "tracking", {"tensorboard", "mlflow", "experiment"}, src))
+        for key in ("tensorboard", "mlflow"):
+            v = tr.get(key, False)
+            _expect(isinstance(v, bool) or (isinstance(v, str) and v), f"{src}: tracking.{key}",
+                    "true, false, or a folder" + (" or a tracking URI" if key == "mlflow"
+                                                  else ""), v)
+            if isinstance(v, str) and "://" not in v and not v.startswith("file:"):
+                tr[key] = str((base / v).resolve())
+        _expect(isinstance(tr.get("experiment", "fedctl"), str) and tr.get("experiment", "x"),
+                f"{src}: tracking.experiment", "a name", tr.get("experiment"))
+        cfg.tracking = TrackingConfig(**tr)
     cfg.data.path = str((base / data.path).resolve())
     for w in cfg.workers:
         if w.data:

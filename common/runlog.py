@@ -4,11 +4,15 @@ the benchmarks and the tests."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("fedctl.runlog")
 
 
 class MetricsLog:
@@ -18,8 +22,11 @@ class MetricsLog:
     display) never sees half an event, and a crash loses at most the line being written.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, sinks: Sequence[Any] = ()) -> None:
         self.path = Path(path)
+        # Trackers (common.tracking) that get every event written here; one that fails is
+        # dropped with a warning: tracking must not stop a run.
+        self.sinks = list(sinks)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
@@ -27,13 +34,25 @@ class MetricsLog:
     def write(self, event: str, **fields: Any) -> None:
         """Append one event. A number that is not finite is written as ``null``: ``NaN`` and
         ``Infinity`` are not JSON, and readers (jq, browsers, MLflow) refuse them."""
-        line = json.dumps(_finite({"event": event, **fields}), default=_jsonable,
-                          allow_nan=False)
+        record = _finite({"event": event, **fields})
+        line = json.dumps(record, default=_jsonable, allow_nan=False)
         with self._lock:
             self._fh.write(line + "\n")
             self._fh.flush()
+            for sink in list(self.sinks):
+                try:
+                    sink.on_event(json.loads(line))
+                except Exception as exc:  # a tracker's own failure: the log goes on
+                    log.warning("tracking: %s stopped: %s", type(sink).__name__, exc)
+                    self.sinks.remove(sink)
 
     def close(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # closing a tracker must not lose the log
+                log.warning("tracking: closing %s: %s", type(sink).__name__, exc)
+        self.sinks = []
         self._fh.close()
 
 

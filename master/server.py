@@ -34,6 +34,7 @@ from common.net.transport import (
 )
 from common.net.wire import Message, ProtocolError
 from common.runlog import MetricsLog, read_metrics
+from common.tracking import make_sinks
 from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
@@ -88,7 +89,9 @@ class Master:
         self.open: RoundState | None = None
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLog(self.out / "metrics.jsonl")
+        self.metrics = MetricsLog(self.out / "metrics.jsonl",
+                                  make_sinks(cfg.tracking, self.out, self.run_id)
+                                  if cfg.tracking.enabled else ())
         self.errors_served = 0
         self.refused: dict[str, Counter] = defaultdict(Counter)  # worker -> code -> count
         self.excluded: dict[str, str] = {}  # worker -> why it takes no further part

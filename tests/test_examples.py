@@ -12,6 +12,7 @@ what the cluster measured.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,11 @@ def test_every_registered_family_has_an_example() -> None:
 def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> None:
     family = _family(example)
     out = tmp_path / "out"
+    tracked = example.stem == "mlp_multiclass"  # one run tracks to TensorBoard and MLflow
     sets = [f"--set={s}" for s in ["workers=[w1, w2]", "min_workers=2", "data.limit=600",
                                    *SMALL[family]]]
+    if tracked:
+        sets += ["--set=tracking.tensorboard=true", "--set=tracking.mlflow=true"]
     rounds = "5" if family == "prodlda" else "2"
     proc = _fedctl("run", "--config", str(example), "--rounds", rounds, "-o", str(out),
                    "--no-progress", *sets)
@@ -92,6 +96,34 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         assert topics.returncode == 0, topics.stderr
         assert len(topics.stdout.splitlines()) == len(lines[0]["mixture"])
     _agrees_with_the_cluster(family, out, summary)
+    if tracked:
+        _tracked(out, summary)
+
+
+def _tracked(out: Path, summary: dict[str, Any]) -> None:
+    """The per-round numbers of metrics.jsonl, read back with each library's own reader."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from common.runlog import read_metrics
+
+    rounds = [e for e in read_metrics(out / "metrics.jsonl") if e["event"] == "round"]
+    f1 = {e["round"]: e["macro_f1"] for e in read_metrics(out / "metrics.jsonl")
+          if e["event"] == "worker_round" and e["worker"] == "w2"}
+    acc = EventAccumulator(str(out / "tensorboard")).Reload()
+    durations = acc.Scalars("round/duration_s")
+    assert [s.step for s in durations] == [e["round"] for e in rounds]
+    assert [s.value for s in durations] == pytest.approx([e["duration_s"] for e in rounds],
+                                                          rel=1e-6)
+    assert {s.step: s.value for s in acc.Scalars("w2/macro_f1")} == pytest.approx(f1, rel=1e-6)
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: folder stores opt in
+    client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
+    exp = client.get_experiment_by_name("fedctl")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == summary["run_id"]
+    assert run.data.params["family"] == "mlp"
+    history = client.get_metric_history(run.info.run_id, "w2/macro_f1")
+    assert {m.step: m.value for m in history} == pytest.approx(f1, rel=1e-6)
 
 
 def _agrees_with_the_cluster(family: str, out: Path, summary: dict[str, Any]) -> None:
