@@ -87,12 +87,21 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
 
     try:
         cfg = _load(config, workers, rounds, output, overrides)
+        from fedctl.run import HISTORY_LINK, output_folder, point_history_link, resume_folder
+
+        # An output folder named `latest` keeps a history, as with `fedctl run`: a new run gets
+        # a folder of its own beside it, --resume finds the newest unfinished one.
+        link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
+        if link is not None:
+            cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
         server = Master(cfg, resume=resume)
         server.bind()
         summary = server.serve()
         if summary.get("failed"):
             raise RuntimeError(summary["failed"])
         _draw_curves(Path(cfg.output_dir))
+        if link is not None:
+            point_history_link(link, Path(cfg.output_dir))
         unit, count = next(iter(summary.get("trained", {"rounds": 1}).items()))
         if count == 0:  # the run "completed" but changed nothing: not a success
             raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "

@@ -54,6 +54,34 @@ def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
     return out
 
 
+def resume_folder(link: Path) -> Path:
+    """The run ``fedctl master --resume`` continues when its output folder is the history link
+    (``runs/latest``): the newest folder beside it holding a checkpoint and no results yet.
+
+    Raises
+    ------
+    ConfigError
+        When there is none.
+    """
+    candidates = [d for d in link.parent.iterdir() if d.is_dir() and not d.is_symlink()
+                  and (d / "checkpoint.npz").is_file() and not (d / "summary.json").is_file()
+                  ] if link.parent.is_dir() else []
+    if not candidates:
+        raise ConfigError(f"--resume: no unfinished run under {link.parent} (a folder with a "
+                          f"checkpoint.npz and no summary.json)")
+    return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
+
+
+def point_history_link(link: Path, final: Path) -> None:
+    """Point ``link`` (``runs/latest``) at the finished run ``final``, atomically."""
+    tmp = link.with_name(link.name + ".new")
+    tmp.unlink(missing_ok=True)
+    os.symlink(final.name, tmp)  # relative: the runs folder may move
+    if link.exists() and not link.is_symlink():  # a run from before the history
+        link.rename(link.with_name(f"{link.name}.before-history"))
+    tmp.replace(link)
+
+
 def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str = "info",
                       overwrite: bool = False) -> int:
     """Run the job; returns the exit code (0 when master and every worker succeeded)."""
@@ -86,12 +114,7 @@ def _publish(cfg: ClusterConfig, staging: Path, final: Path, link: Path | None) 
     else:
         staging.rename(final)
     if link is not None:
-        tmp = link.with_name(link.name + ".new")
-        tmp.unlink(missing_ok=True)
-        os.symlink(final.name, tmp)  # relative: the runs folder may move
-        if link.exists() and not link.is_symlink():  # a run from before the history
-            link.rename(link.with_name(f"{link.name}.before-history"))
-        tmp.replace(link)
+        point_history_link(link, final)
 
 
 def _keep_failed(staging: Path, final: Path, code: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from common.atomic import atomic_write_bytes
-from common.config import ClusterConfig
+from common.config import ClusterConfig, config_to_dict
 from common.data.embedding import embedding_identity
 from master.baselines import simulation_baselines
 from master.families import ServerFamily
@@ -35,6 +35,14 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 def _write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2).encode())
+
+
+def write_config(out: Path, cfg: ClusterConfig) -> None:
+    """``cluster.yaml``: the configuration the run was started with."""
+    import yaml
+
+    atomic_write_bytes(out / "cluster.yaml",
+                       yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode())
 
 
 def write_model(out: Path, family: ServerFamily, cfg: ClusterConfig, rounds: int,

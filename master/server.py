@@ -38,7 +38,7 @@ from common.tracking import make_sinks
 from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
-from master.outputs import write_model, write_results
+from master.outputs import write_config, write_model, write_results
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
 from master.strategies import ClientResult
 
@@ -149,6 +149,8 @@ class Master:
         """Run the job to the end; returns the summary written to ``summary.json``."""
         if self.rep is None:
             self.bind()
+        if not (self.out / "cluster.yaml").exists():  # `fedctl run` wrote it already
+            write_config(self.out, self.cfg)  # what the run was, for load_model and show
         self.metrics.write("start", run_id=self.run_id, family=self.cfg.family,
                            strategy=self.family.strategy.name, rounds=self.cfg.rounds,
                            time=time.time())

@@ -1,0 +1,73 @@
+"""Run history for `fedctl master` as for `fedctl run`: an output folder named `latest` gives
+each run a folder of its own, `--resume` finds the newest unfinished one, `fedctl runs` lists
+them. Folders made by hand here; the cluster runs that fill them are tested elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError
+from fedctl.run import output_folder, point_history_link, resume_folder
+from fedctl.runs import list_runs
+
+
+def _run_dir(root: Path, name: str, finished: bool, checkpoint: bool = True) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text(json.dumps({"event": "start", "time": 1.0}) + "\n"
+                                     + json.dumps({"event": "done", "time": 4.5}) + "\n")
+    if checkpoint:
+        (d / "checkpoint.npz").write_bytes(b"x")
+    if finished:
+        (d / "model.npz").write_bytes(b"x")
+        (d / "model.json").write_text(json.dumps({"family": "mlp"}))
+        (d / "summary.json").write_text(json.dumps({
+            "rounds": 3, "workers": ["w1", "w2"],
+            "comparison": [{"worker": "w1", "federated_macro_f1": 0.8},
+                           {"worker": "w2", "federated_macro_f1": 0.6}]}))
+    time.sleep(0.01)  # distinct modification times, oldest first
+    return d
+
+
+def test_resume_finds_the_newest_unfinished_run(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    old = _run_dir(runs, "20260101T000000Z-aaaaaa", finished=False)
+    _run_dir(runs, "20260102T000000Z-bbbbbb", finished=True)
+    newer = _run_dir(runs, "20260103T000000Z-cccccc", finished=False)
+    assert resume_folder(runs / "latest") == newer
+    os.utime(old, None)  # the one touched last is the one to continue
+    assert resume_folder(runs / "latest") == old
+    with pytest.raises(ConfigError, match="no unfinished run"):
+        resume_folder(tmp_path / "elsewhere" / "latest")
+
+
+def test_new_runs_get_new_folders_and_latest_follows_the_finished(tmp_path: Path) -> None:
+    from common.config import parse_config
+
+    runs = tmp_path / "runs"
+    cfg = parse_config({"output_dir": str(runs / "latest")})
+    a, b = output_folder(cfg), output_folder(cfg)
+    assert a != b and a.parent == b.parent == runs
+    done = _run_dir(runs, "20260102T000000Z-bbbbbb", finished=True)
+    point_history_link(runs / "latest", done)
+    assert (runs / "latest").resolve() == done.resolve()
+
+
+def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _run_dir(runs, "20260101T000000Z-aaaaaa", finished=False)
+    done = _run_dir(runs, "20260102T000000Z-bbbbbb", finished=True)
+    failed = _run_dir(runs, "20260103T000000Z-cccccc.failed", finished=False)
+    (failed / "FAILED").write_text("exit code 1\n")
+    point_history_link(runs / "latest", done)
+    listed = list_runs(runs)
+    assert [e["path"].name for e in listed] == ["20260101T000000Z-aaaaaa",
+                                                "20260102T000000Z-bbbbbb",
+                                                "20260103T000000Z-cccccc.failed"]
+    assert [e["state"] for e in listed] == ["running or stopped", "finished", "failed"]
+    assert listed[1]["score"] == "macro-F1 0.7000" and listed[1]["wall_s"] == 3.5
