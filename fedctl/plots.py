@@ -158,7 +158,9 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(title or (f"{dirs[0].resolve().name}: {_label(dirs[0])}" if len(dirs) == 1
+    # (drawn at the end of `fedctl run`, the folder still has its staging name)
+    name = dirs[0].resolve().name.removesuffix(".partial")
+    fig.suptitle(title or (f"{name}: {_label(dirs[0])}" if len(dirs) == 1
                            else f"{len(dirs)} runs"))
     fig.tight_layout()
     path = Path(out)
