@@ -1,5 +1,6 @@
-"""Every family through ``fedctl run`` with its baselines on, as a new user runs it: on the
-bundled labelled text and on the same text with its labels removed.
+"""Every family through ``fedctl run`` with its baselines on, as a new user runs it, on the
+bundled text with its labels removed (on labelled text, every family runs with its example
+config and baselines on in test_examples.py).
 
 A crash at the end of a run is as bad as one at the start: each run must exit 0, write its
 model and its comparison table, and leave no traceback in any log. The unsupervised families
@@ -32,10 +33,6 @@ SMALL: dict[str, dict[str, Any]] = {
     "sentencelda": {"n_topics": 4, "sweeps": 2, "vocab_size": 300, "eval_iter": 5},
 }
 UNSUPERVISED = sorted(set(SMALL) - {"mlp"})
-#: Labelled runs with baselines through `fedctl run` that other tests make already (CI's time):
-#: mlp in test_cluster.py::test_fedctl_run_whole_job, combinedtm in
-#: test_ntm.py::test_combinedtm_fedavg_cluster_reports_topic_scores.
-LABELLED_ELSEWHERE = {"mlp", "combinedtm"}
 
 
 def test_every_registered_family_is_covered() -> None:
@@ -53,12 +50,11 @@ def unlabelled_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _run(make_config: MakeConfig, tmp_path: Path, family: str, data: Path | None
+def _run(make_config: MakeConfig, tmp_path: Path, family: str, data: Path
          ) -> subprocess.CompletedProcess:
-    extra: dict[str, Any] = {"data": {"path": str(data)}} if data else {}
     config = make_config(tmp_path, workers=2, rounds=5 if family == "prodlda" else 2,
-                         baselines=True,
-                         model={"family": family, **SMALL[family]}, **extra)
+                         baselines=True, data={"path": str(data)},
+                         model={"family": family, **SMALL[family]})
     return subprocess.run(fedctl_command("run", "--config", str(config), "--no-progress"),
                           cwd=ROOT, env=child_env(), capture_output=True, text=True,
                           timeout=600)
@@ -74,15 +70,6 @@ def _assert_finished(proc: subprocess.CompletedProcess, out: Path, family: str) 
         log = (out / "logs" / f"{name}.log").read_text()
         assert "Traceback" not in log and " done: federated " in log or name == "master", log
     return (out / "comparison.md").read_text()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(set(SMALL) - LABELLED_ELSEWHERE))
-def test_family_runs_on_labelled_text_with_baselines(make_config: MakeConfig, tmp_path: Path,
-                                                      family: str) -> None:
-    proc = _run(make_config, tmp_path, family, None)
-    table = _assert_finished(proc, tmp_path / "out", family)
-    assert "No labels" not in table
 
 
 @pytest.mark.slow

@@ -344,6 +344,7 @@ def test_combinedtm_fedavg_cluster_reports_topic_scores(
         assert 0 <= row["federated_macro_f1"] <= 1 and 0 <= row["local_only_macro_f1"] <= 1
         assert all(row[f"{c}_{k}"] is not None for c in ("federated", "local_only")
                    for k in ("npmi_doc", "c_npmi", "c_v"))
+    assert "No labels" not in (out / "comparison.md").read_text()  # every worker had labels
     model = NeuralTopicModel(n_topics=6, contextual_size=384).set_arrays(arrays)
     X = sp.random(4, len(vocab), density=0.1, format="csr", random_state=0)
     assert model.transform(X, np.zeros((4, 384))).shape == (4, 6)
