@@ -133,14 +133,32 @@ def test_good_check_says_what_it_read(make_config: MakeConfig, tmp_path: Path) -
     assert "Data: 600 labelled document(s) read for 3 worker(s); ports free." in proc.stdout
 
 
-# ---------------------------------------------------------------- runs never mix
+# ---------------------------------------------------------------- runs never mix, quiet
+BARS = ("Batches", "Loading weights", "rounds:", "it/s")
+
+
+def _quiet(proc: subprocess.CompletedProcess) -> None:
+    """Nothing of a progress bar in the output of a ``--no-progress`` run."""
+    for bar in BARS:
+        assert bar not in proc.stderr and bar not in proc.stdout, bar
+
+
 @pytest.mark.slow
 def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
-    config = make_config(tmp_path, workers=2, rounds=2, model={"family": "mlp", "hidden": 16})
+    """Also --no-progress silences every bar: the first run embeds its 60 texts into a fresh
+    cache (the sentence-transformer loads, with its bars) and its log still says so."""
+    data = tmp_path / "small.jsonl"
+    data.write_text("\n".join(_rows(60)) + "\n")
+    config = make_config(tmp_path, workers=2, rounds=2,
+                         data={"path": str(data), "cache_dir": str(tmp_path / "fresh_cache"),
+                               "limit": None},
+                         model={"family": "mlp", "hidden": 8})
     out = tmp_path / "out"
     first = _fedctl("run", "--config", str(config), "--no-progress")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "trained: 2 rounds;" in first.stdout
+    assert "embedding 60 texts" in first.stderr  # the log still says what happened
+    _quiet(first)
     run_id = json.loads((out / "model.json").read_text())["run_id"]
     again = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
     assert again == (f"Error: {config}: output_dir: {out} holds a finished run; pass "
@@ -168,6 +186,7 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
 
     replaced = _fedctl("run", "--config", str(config), "--no-progress", "--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
+    _quiet(replaced)
     assert json.loads((out / "model.json").read_text())["run_id"] != run_id
     assert not list(tmp_path.glob("out.partial*")) and not list(tmp_path.glob("out.old"))
 
@@ -175,7 +194,8 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_latest_keeps_a_history(make_config: MakeConfig, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    config = make_config(tmp_path, workers=2, rounds=2, output_dir=str(runs / "latest"),
+    # The folders are the subject, not the training: the smallest job (one worker, one round).
+    config = make_config(tmp_path, workers=1, rounds=1, output_dir=str(runs / "latest"),
                          model={"family": "mlp", "hidden": 16})
     ids = []
     for _ in range(2):
@@ -189,22 +209,7 @@ def test_latest_keeps_a_history(make_config: MakeConfig, tmp_path: Path) -> None
         folders[-1])
 
 
-# ---------------------------------------------------------------- quiet, threads
-@pytest.mark.slow
-def test_no_progress_silences_every_bar(make_config: MakeConfig, tmp_path: Path) -> None:
-    data = tmp_path / "small.jsonl"
-    data.write_text("\n".join(_rows(60)) + "\n")
-    config = make_config(tmp_path, workers=2, rounds=1, baselines=False,
-                         data={"path": str(data), "cache_dir": str(tmp_path / "fresh_cache"),
-                               "limit": None},
-                         model={"family": "mlp", "hidden": 8})
-    proc = _fedctl("run", "--config", str(config), "--no-progress")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "embedding 60 texts" in proc.stderr  # the log still says what happened
-    for bar in ("Batches", "Loading weights", "rounds:", "it/s"):
-        assert bar not in proc.stderr and bar not in proc.stdout
-
-
+# ---------------------------------------------------------------- threads
 def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
                                                  tmp_path: Path) -> None:
     config = make_config(tmp_path, workers=2)
