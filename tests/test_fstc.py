@@ -268,7 +268,7 @@ def test_neighbour_term_makes_neighbours_agree(subset: tuple) -> None:
     nb = nearest_neighbors(X, 10)
 
     def run(neighbors: int) -> tuple[float, FSTCClusterer]:
-        model = FSTCClusterer(K, variant="stc", iterations=300, neighbors=neighbors,
+        model = FSTCClusterer(K, variant="stc", iterations=150, neighbors=neighbors,
                               random_state=0)
         model._init_kmeans(X)
         P = model.fit(X).predict_proba(X)
@@ -288,7 +288,7 @@ def test_balance_term_keeps_clusters_near_equal_size(subset: tuple) -> None:
     X = subset[0]
 
     def run(balance_weight: float) -> tuple[int, FSTCClusterer]:
-        model = FSTCClusterer(K, variant="stc", iterations=300, balance_weight=balance_weight,
+        model = FSTCClusterer(K, variant="stc", iterations=150, balance_weight=balance_weight,
                               random_state=0)
         model._init_kmeans(X)
         model.fit(X)
@@ -304,15 +304,16 @@ def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:
     X, y, texts = subset
     parts = partition(y, 3, scheme="iid", seed=0)
     client_texts = [[texts[i] for i in p] for p in parts]
-    fed = FederatedFSTC(FSTCParams(iterations=100, align_weight=0.01), K, rounds=4,
+    rounds = 2  # each client trains (and aligns) in both; 0.734 against a 0.709 start
+    fed = FederatedFSTC(FSTCParams(iterations=100, align_weight=0.01), K, rounds=rounds,
                         random_state=0).fit([X[p] for p in parts], texts=client_texts)
     start = FSTCClusterer(K).init_from_centers(fed.init_centers_).predict(X)
     assert clustering_accuracy(y, fed.predict(X)) > clustering_accuracy(y, start)
-    assert all(c.n_iter_ == 400 for c in fed.clients_)
+    assert all(c.n_iter_ == 100 * rounds for c in fed.clients_)
     assert all(c.neighbor_view_ == "embedding+lsa" for c in fed.clients_)
     with pytest.raises(ValueError, match="one list per client"):
         FederatedFSTC(FSTCParams(), K).fit([X[p] for p in parts], texts=client_texts[:2])
-    assert [h["loss_align"] > 0 for h in fed.clients_[0].history_] == [True] * 4
+    assert [h["loss_align"] > 0 for h in fed.clients_[0].history_] == [True] * rounds
 
 
 def test_kfed_and_federated_vocabulary(subset: tuple) -> None:
@@ -365,7 +366,9 @@ def test_finetuned_encoder_trains_and_travels(subset: tuple) -> None:
 @pytest.mark.slow
 def test_fstc_cluster_raises_acc_above_its_initialization(
         tmp_path: Path, make_config: MakeConfig, procs: Procs, subset_cache: Path) -> None:
-    rounds, iterations = 4, 100
+    # Two rounds are enough for each shape asserted below: round 1 carries the centres and
+    # the initial head down and centres up, round 2 (the last) centres down and the head up.
+    rounds, iterations = 2, 100
     cfg = make_config(tmp_path, workers=3, rounds=rounds,
                       model={"family": "fstc", "iterations": iterations, "align_weight": 0.01},
                       data={"path": str(SUBSET), "task": "multiclass", "partition": "iid",
