@@ -75,7 +75,7 @@ class Hostile:
         if self._sock is None:
             self._sock = self._secure(self.ctx.socket(zmq.REQ))
             self._sock.connect(self.rep)
-        self._sock.send_multipart(parts, copy=False)
+        self._sock.send_multipart(parts, copy=True)  # libzmq owns what it may drop
         if not self._sock.poll(int(1000 * (timeout or self.timeout)), zmq.POLLIN):
             self._sock.close()
             self._sock = None
