@@ -4,13 +4,14 @@ real cluster whose uploads shrink."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from common.net.compression import Compressor, decompress
 from common.net.wire import ProtocolError
-from tests.conftest import MakeConfig, events, run_fedctl
+from tests.conftest import MakeConfig, events, start_worker_threads
 
 RNG = np.random.default_rng(0)
 BASE = {"w": RNG.normal(size=(50, 40)).astype(np.float32), "b": np.zeros(40, np.float32),
@@ -90,9 +91,28 @@ def test_bad_compressed_updates_are_refused(kind: str, mutate, code: str) -> Non
 
 @pytest.mark.slow
 def test_cluster_with_int8_updates(tmp_path: Path, make_config: MakeConfig) -> None:
-    cfg = make_config(tmp_path, workers=2, rounds=3, compression={"kind": "int8"})
-    result = run_fedctl("run", "--config", str(cfg), "--no-progress", timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
+    """The master and two workers run on threads of this process (real sockets, real training,
+    the config as `fedctl run` reads it): int8 travels both ways, on a cluster whose processes
+    are other tests' subject (test_cluster.py), without three more torch imports."""
+    from common.config import load_config
+    from master.server import Master
+
+    cfg = load_config(make_config(tmp_path, workers=2, rounds=3, compression={"kind": "int8"}))
+    assert cfg.compression["kind"] == "int8"
+    master = Master(cfg)
+    master.bind()
+    reports: dict[str, Any] = {}
+    errors: list[BaseException] = []
+    threads = start_worker_threads(cfg, ["w1", "w2"], reports, errors)
+    try:
+        summary = master.serve()
+    finally:
+        master.close()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert sorted(reports) == ["w1", "w2"] and not summary.get("failed"), summary
+    assert summary["trained"]["rounds"] == 3, summary
     out = tmp_path / "out"
     up = [e["bytes_out"] for e in events(out, "worker_round")]
     assert len(up) == 2 * 3
@@ -104,4 +124,4 @@ def test_cluster_with_int8_updates(tmp_path: Path, make_config: MakeConfig) -> N
     assert arrays and all(a.dtype == np.float32 for a in arrays)
     assert max(up) < 0.3 * sum(a.nbytes for a in arrays)
     f1 = [e["mean_macro_f1"] for e in events(out, "round")]
-    assert all(0 <= x <= 1 for x in f1)
+    assert len(f1) == 3 and all(0 <= x <= 1 for x in f1)
