@@ -136,6 +136,7 @@ class ClusterConfig:
     eval_every: int = 1
     checkpoint_every: int = 1
     checkpoint_budget: float = C.CHECKPOINT_BUDGET
+    worker_snapshots: bool = True
     max_weight_fraction: float | None = None
     max_message_mb: float = C.MAX_MESSAGE_BYTES / 1024**2
     output_dir: str = "runs/latest"
@@ -216,7 +217,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     top = {"master", "workers", "model", "strategy", "rounds", "client_fraction", "min_workers",
            "round_deadline", "join_timeout", "data", "security", "tracking", "compression",
            "heartbeat_timeout", "report_timeout", "eval_every", "checkpoint_every",
-           "checkpoint_budget", "max_weight_fraction", "max_message_mb", "output_dir",
+           "checkpoint_budget", "worker_snapshots", "max_weight_fraction", "max_message_mb",
+           "output_dir",
            "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
@@ -292,6 +294,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
          "a fraction in (0, 1], or null for none"),
         ("max_message_mb", lambda v: _num(v) and 0 < v <= 4096, "a size in MiB, 0-4096"),
         ("baselines", lambda v: isinstance(v, bool), "true or false"),
+        ("worker_snapshots", lambda v: isinstance(v, bool), "true or false"),
         ("output_dir", lambda v: isinstance(v, str) and v, "a path"),
     ):
         if key in raw:

@@ -104,6 +104,9 @@ class CheckpointWriter:
     ----------
     last_write_s : float
         How long the last checkpoint took to write (0 before the first).
+    written_base : int or None
+        The ``resume_base`` of the newest checkpoint on disk: the round whose worker state a
+        master resumed from it builds on (None before the first).
     """
 
     def __init__(self, folder: str | Path, metrics: MetricsLog, budget: float = 1.0) -> None:
@@ -113,6 +116,7 @@ class CheckpointWriter:
         self.metrics = metrics
         self.budget = budget
         self.last_write_s = 0.0
+        self.written_base: int | None = None
         self._last_end = float("-inf")
         self._lock = threading.Lock()
         self._pending: tuple[Checkpoint | None, list[dict[str, Any]]] | None = None
@@ -166,6 +170,8 @@ class CheckpointWriter:
             try:
                 if ckpt is not None:
                     atomic_write(self.path, ckpt.write_to)
+                    if "resume_base" in ckpt.meta:
+                        self.written_base = int(ckpt.meta["resume_base"])
             except Exception:  # a full disk must not stop training; the log says so
                 log.exception("could not write checkpoint %s", self.path)
             end = time.monotonic()

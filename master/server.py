@@ -301,9 +301,14 @@ class Master:
 
     def _payload_body(self, payload: Payload, with_setup: bool) -> dict[str, Any]:
         deadline = self.open.deadline - time.monotonic() if self.open else 0.0
+        base = self.family.base_round(self.round)
+        # Worker snapshots a resumed master may still ask for start at its checkpoint's base.
+        written = self._checkpoints.written_base
+        keep = base if not self.cfg.checkpoint_every else min(base, written or 0)
         body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
                 "version": self.version, "meta": payload.meta, "deadline_s": deadline,
                 "participants": self.open.participants if self.open else [],
+                "base": base, "keep": keep,
                 "sent_at": time.time()}  # wall clock: latency on one machine's loopback
         if with_setup:
             body["setup"] = self.family.setup_info_
@@ -426,7 +431,8 @@ class Master:
         list too long in union) is found by leaving each worker out in turn; if exactly one is
         to blame it is excluded and the job goes on without it, else the job ends with the
         error. True when training can start."""
-        regs = {w.worker_id: w.info for w in self.workers.values()}
+        # In worker order, not arrival order: the same registrations always give the same start.
+        regs = {wid: self.workers[wid].info for wid in sorted(self.workers)}
         try:
             self.family.setup(regs)
             return True
@@ -451,7 +457,7 @@ class Master:
                        f"{len(self.workers)} worker(s) are left, min_workers is "
                        f"{self.cfg.min_workers}")
             return False
-        self.family.setup({w.worker_id: w.info for w in self.workers.values()})
+        self.family.setup({wid: self.workers[wid].info for wid in sorted(self.workers)})
         return True
 
     def _exclude(self, worker_id: str, why: str) -> None:
@@ -534,7 +540,7 @@ class Master:
         # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
         # the log never shows a round that a resumed master would run again.
         every = self.cfg.checkpoint_every
-        last = rnd.number >= self.cfg.rounds or self.family.finished()
+        last = self.family.budget_spent(rnd.number) or self.family.finished()
         # Within the time budget: a 100 MB model written every round would slow every round
         # by the write's disk and memory traffic (at 25 M parameters: +200 ms a round).
         due = every and (last or (rnd.number % every == 0 and self._checkpoints.ready()))
@@ -624,7 +630,8 @@ class Master:
             "events": events, "run_id": self.run_id, "round": self.round,
             "version": self.version, "registrations": self.roster.registrations(),
             "rng_state": self.roster.rng.bit_generator.state, "family": self.cfg.family,
-            "strategy": self.family.strategy.name})
+            "strategy": self.family.strategy.name,
+            "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
         restore(ckpt, self.family)
@@ -641,7 +648,8 @@ class Master:
             if (e["event"], e.get("round"), e.get("worker")) not in logged:
                 self.metrics.write(**e)
         self._resume_at = now + C.RESUME_GRACE
-        if done >= self.cfg.rounds:
+        self._checkpoints.written_base = m.get("resume_base")
+        if self.family.budget_spent(done) or self.family.finished():
             self.round, self.phase = done, REPORTING
             self._report_deadline = now + self.cfg.report_timeout
         else:

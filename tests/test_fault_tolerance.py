@@ -1,5 +1,6 @@
-"""Faults over real processes: a worker killed and restarted, a worker paused past the deadline,
-the master killed and resumed, and a fuzzer flooding the master's REP socket during a run.
+"""Faults over real processes: a worker paused past the deadline, and a fuzzer flooding the
+master's REP socket during a run. (A worker or the master killed and started again:
+tests/test_recovery.py, family by family.)
 
 Rounds are made slow enough to be hit mid-run with many local epochs (rounds of a few hundred
 milliseconds); nothing here asserts a timing.
@@ -7,7 +8,6 @@ milliseconds); nothing here asserts a timing.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
@@ -86,43 +86,6 @@ def undisturbed(tmp_path_factory: pytest.TempPathFactory, embed_cache: Path) -> 
     return cfg
 
 
-def test_worker_killed_and_restarted(tmp_path: Path, make_config: MakeConfig, procs: Procs,
-                                     undisturbed: Path) -> None:
-    """w2 is killed mid-run and started again. To make sure the new process is back before the
-    job ends, however slowly this machine starts processes, w3 is paused meanwhile: with w1
-    alone below min_workers=2 the open round waits for the new w2."""
-    rounds = COMPARED_ROUNDS
-    cfg = _config(make_config, tmp_path, rounds, heartbeat_timeout=2)
-    out = tmp_path / "out"
-    _run_whole(procs, cfg)
-    wait_for(lambda: len(_rounds(out)) >= 3, 120, "round 3", procs.check_alive_or_ok)
-    w3 = procs.procs["w3"]
-    w3.send_signal(signal.SIGSTOP)
-    try:
-        procs.procs["w2"].send_signal(signal.SIGKILL)
-        procs.procs["w2"].wait(timeout=10)
-        del procs.procs["w2"]
-        killed_after = len(_rounds(out))
-        procs.worker(cfg, "w2")  # a new process under the same name
-        wait_for(lambda: [e for e in events(out, "register") if e["rejoin"]], 180,
-                 "the new w2 to register", procs.check_alive_or_ok)
-    finally:
-        w3.send_signal(signal.SIGCONT)
-    codes = procs.wait_all(timeout=300)
-    assert set(codes.values()) == {0}, procs.logs_tail()
-
-    assert _rounds(out) == list(range(1, rounds + 1))  # none lost, none repeated
-    by_round = {e["round"]: e for e in events(out, "round")}
-    dropped = [r for r, e in by_round.items() if "w2" in e["missing"]]
-    assert not dropped or min(dropped) >= killed_after, (killed_after, dropped)
-    (rejoin,) = [e for e in events(out, "register") if e["worker"] == "w2" and e["rejoin"]]
-    assert rejoin["phase"] == "training"
-    back = [e["round"] for e in events(out, "worker_round") if e["worker"] == "w2"
-            and e["round"] >= rejoin["round"]]
-    assert back, "the restarted w2 took part in no later round"
-    assert abs(_final_f1(cfg) - _final_f1(undisturbed)) <= 0.01
-
-
 def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig, procs: Procs
                                          ) -> None:
     # A long heartbeat timeout, so that the round deadline (not liveness) drops w2.
@@ -151,31 +114,6 @@ def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig
     assert ("stale_round" in procs.log("master") or "stale_round" in procs.log("w2")
             or "skipping to round" in procs.log("w2"))
     assert any(r > closed for r in w2_rounds), "w2 never came back"
-
-
-def test_master_killed_and_resumed(tmp_path: Path, make_config: MakeConfig, procs: Procs
-                                   ) -> None:
-    rounds = 15  # killed after round 4: ten rounds to spare (a few hundred ms each)
-    cfg = _config(make_config, tmp_path, rounds)
-    out = tmp_path / "out"
-    _run_whole(procs, cfg)
-    wait_for(lambda: len(_rounds(out)) >= 4, 120, "round 4", procs.check_alive_or_ok)
-    workers = {w: procs.procs[w].pid for w in ("w1", "w2", "w3")}
-    procs.procs["master"].send_signal(signal.SIGKILL)
-    procs.procs["master"].wait(timeout=10)
-    del procs.procs["master"]
-    before = _rounds(out)
-    assert before and before[-1] < rounds, "the job ended before the master could be killed"
-    procs.master(cfg, "--resume", name="master2")
-    codes = procs.wait_all(timeout=300)
-    assert set(codes.values()) == {0}, procs.logs_tail()
-
-    assert _rounds(out) == list(range(1, rounds + 1))  # no round lost or repeated
-    assert {w: procs.procs[w].pid for w in workers} == workers  # nobody was restarted
-    (resume,) = events(out, "resume")
-    assert resume["completed_round"] in (before[-1], before[-1] + 1)
-    assert json.loads((out / "summary.json").read_text())["rounds"] == rounds
-    assert "the master restarted" in procs.log("w1")
 
 
 def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:

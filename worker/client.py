@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +39,7 @@ from common.net.transport import (
 )
 from common.net.wire import Message, ProtocolError
 from worker.families import ClientFamily, make_client_family
+from worker.snapshots import Snapshots
 
 log = logging.getLogger("fedctl.worker")
 
@@ -96,10 +99,14 @@ class Worker:
     device : str, optional
         ``auto`` (CUDA when available), ``cpu``, ``cuda``...; default from the config.
     ctx : zmq.Context, optional
+    state_dir : path, optional
+        Where this worker keeps its snapshots (:mod:`worker.snapshots`); by default
+        :func:`default_state_dir`. Unused with ``worker_snapshots: false``.
     """
 
     def __init__(self, cfg: ClusterConfig, worker_id: str, data_path: str | None = None,
-                 device: str | None = None, ctx: zmq.Context | None = None) -> None:
+                 device: str | None = None, ctx: zmq.Context | None = None,
+                 state_dir: str | Path | None = None) -> None:
         self.cfg = cfg
         self.worker_id = worker_id
         self.ctx = ctx or zmq.Context.instance()
@@ -113,6 +120,9 @@ class Worker:
         self.family: ClientFamily = make_client_family(cfg, self.data, self.device, seed)
         kind = cfg.compression["kind"] if self.family.compressible else "none"
         self.compressor = Compressor(kind, cfg.compression.get("fraction", 0.01))
+        self.snapshots = (Snapshots(state_dir or default_state_dir(cfg, worker_id), worker_id)
+                          if cfg.worker_snapshots else None)
+        self.state_round = 0  # the round the family's state is the state after
         self.run_id: str | None = None
         self.ready = False  # set up by the pre-training exchange
         self.last_round = 0  # the last round this worker uploaded (or gave up on)
@@ -185,6 +195,8 @@ class Worker:
                                            "device": self.device, "info": info})
         self.run_id = reply.body.get("run_id")
         self.incarnation = reply.body.get("incarnation")
+        if self.snapshots is not None and self.run_id is not None:
+            self.snapshots.adopt(str(self.run_id))
         log.info("%s registered with master %s (%d training, %d test documents, %s)",
                  self.worker_id, self.run_id, self.data.n_train, len(self.data.test_index),
                  self.device)
@@ -197,6 +209,15 @@ class Worker:
     def _setup(self, setup: dict[str, Any]) -> None:
         self.family.setup(setup)
         self.ready = True
+        if self.snapshots is not None:
+            rounds = self.snapshots.rounds()
+            if rounds:  # a restart: carry on from where this worker was
+                self._load_state(self.snapshots.load(rounds[-1]))
+                self.state_round = rounds[-1]
+                log.info("%s: back to its own state after round %d (%s)", self.worker_id,
+                         rounds[-1], self.snapshots.folder)
+            else:
+                self.snapshots.save(0, self._state())
         gc.freeze()  # start-up's objects out of the collector's sight (see Master._maybe_start)
 
     def _loop(self) -> dict[str, Any]:
@@ -299,6 +320,7 @@ class Worker:
         if not self.ready:  # round 1 carries the setup; a worker that missed it fetches it
             self._setup(body["setup"] if "setup" in body else
                         self._request(M.FETCH, {}).body["setup"])
+        self._go_back(rnd, int(body.get("base", rnd - 1)))
         received = time.monotonic()
         wait_time = received - self._last_upload
         bytes_in = self._sub_bytes
@@ -314,6 +336,13 @@ class Worker:
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         if isinstance(body.get("sent_at"), float):  # PUB: serialize + wire + queue + decode
             metrics["broadcast_s"] = max(0.0, self._received_at - body["sent_at"])
+        if self.snapshots is not None:
+            # Before the update leaves: a worker killed after sending has its state on disk.
+            t0 = time.perf_counter()
+            self.snapshots.save(rnd, self._state())
+            self.snapshots.prune(int(body.get("keep", rnd - 1)))
+            metrics["snapshot_time"] = time.perf_counter() - t0
+        self.state_round = rnd
         try:
             arrays = self.compressor.compress(result.arrays, msg.arrays)
             reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
@@ -338,6 +367,31 @@ class Worker:
         self.last_round = rnd
         self._last_upload = time.monotonic()
 
+    def _state(self) -> dict[str, Any]:
+        # torch's global generator too: dropout and some initializers draw from it.
+        return {"family": self.family.local_state(), "torch_rng": torch.get_rng_state()}
+
+    def _load_state(self, tree: dict[str, Any]) -> None:
+        self.family.load_local_state(tree["family"])
+        torch.set_rng_state(tree["torch_rng"])
+
+    def _go_back(self, rnd: int, base: int) -> None:
+        """Round ``rnd`` builds on this worker's state after round ``base``: a resumed master
+        (or a redone step) went back to it. If this worker's state is newer, load its snapshot
+        of then, so that it trains as in the run that never failed."""
+        if self.state_round <= base or self.snapshots is None:
+            return
+        found = self.snapshots.back_to(base)
+        if found is None:
+            log.warning("round %d builds on round %d, but %s has no state from then: it "
+                        "goes on from its state after round %d", rnd, base, self.worker_id,
+                        self.state_round)
+            return
+        self.state_round, tree = found
+        self._load_state(tree)
+        log.info("round %d builds on round %d: back to %s's state after round %d", rnd, base,
+                 self.worker_id, self.state_round)
+
     def _finish(self) -> dict[str, Any]:
         final = self._request(M.FETCH, {})
         if not self.ready:
@@ -348,6 +402,8 @@ class Worker:
                   "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),
                   "version": int(final.body.get("version", 0)), "labelled": self.data.labelled}
         self._request(M.REPORT, {"report": report})
+        if self.snapshots is not None:  # the job is over: nothing left to go back to
+            shutil.rmtree(self.snapshots.folder, ignore_errors=True)
         log.info("%s done: federated %s%s", self.worker_id, headline(federated),
                  f", local-only {headline(local_only)}" if local_only else "")
         return report
@@ -356,6 +412,13 @@ class Worker:
 #: The score a worker's closing log line names, the first of these its family reports.
 HEADLINE_SCORES = {"macro_f1": "macro-F1", "accuracy": "accuracy", "perplexity": "perplexity",
                    "npmi_doc": "NPMI (doc)", "c_npmi": "C_NPMI", "clusters_used": "clusters used"}
+
+
+def default_state_dir(cfg: ClusterConfig, worker_id: str) -> Path:
+    """``<output_dir>/workers/<id>``; beside a history link (``runs/latest``), in
+    ``runs/workers/<id>``, not in the finished run the link points at."""
+    out = Path(cfg.output_dir)
+    return (out.parent if out.name == "latest" else out) / "workers" / worker_id
 
 
 def headline(scores: dict[str, Any] | None) -> str:

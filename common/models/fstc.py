@@ -64,6 +64,7 @@ from torch import nn
 from common.eval.classification import classification_metrics
 from common.eval.clustering import cluster_mapping, cluster_sizes, clustering_metrics
 from common.models.kfed import combine_centers, local_kmeans
+from common.state import generator_state, set_generator_state
 
 #: Names of the arrays a worker uploads and the master publishes.
 CENTERS, COUNTS = "centers", "counts"
@@ -812,6 +813,49 @@ class FSTCClusterer:
     def score(self, X: Any, y: np.ndarray | None) -> dict[str, float]:
         """:func:`score_clustering` of :meth:`predict` against labels ``y`` (scoring only)."""
         return score_clustering(y, self.predict(X))
+
+    # -- what a worker keeps between rounds -------------------------------------------------
+    def local_state(self) -> dict[str, Any]:
+        """Everything :meth:`fit` carries from one call to the next, as a state tree
+        (:mod:`common.state`): F (and a fine-tuned Φ: its whole encoder, so a fine-tuning
+        worker's snapshots are large), the optimizer, the batch generator, the iteration count,
+        the pseudo-labels and mixture weights of the last refresh, and the mined neighbours."""
+        fine = self.encoder == "finetune" and self.encoder_ is not None
+        return {"head": None if self.head_ is None else self.head_.state_dict(),
+                "encoder": self.encoder_.state_dict() if fine else None,
+                "optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
+                "rng": generator_state(self._rng), "n_iter": self.n_iter_,
+                "history": self.history_, "last_loss": self.last_loss_,
+                "pseudo_labels": getattr(self, "pseudo_labels_", None),
+                "weights": getattr(self, "weights_", None), "pi": getattr(self, "_pi", None),
+                "neighbors": getattr(self, "neighbors_", None),
+                "neighbor_view": getattr(self, "neighbor_view_", None)}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`local_state` returned."""
+        self.head_, self._optimizer = None, None
+        if state["head"] is not None:
+            w = state["head"]["weight"]
+            self.head_ = nn.Linear(w.shape[1], w.shape[0]).to(self.device)
+            self.head_.load_state_dict(state["head"])
+        if state["encoder"] is not None:
+            self._load_encoder().load_state_dict(state["encoder"])
+        if state["optimizer"] is not None:
+            self._optimizer = self._make_optimizer()
+            self._optimizer.load_state_dict(state["optimizer"])
+        set_generator_state(self._rng, state["rng"])
+        self.n_iter_, self.last_loss_ = int(state["n_iter"]), float(state["last_loss"])
+        self.history_ = [dict(h) for h in state["history"]]
+        for name in ("pseudo_labels_", "weights_", "_pi", "neighbors_", "neighbor_view_"):
+            if hasattr(self, name):
+                delattr(self, name)
+        if state["neighbors"] is not None:
+            self.neighbors_, self.neighbor_view_ = state["neighbors"], state["neighbor_view"]
+        if state["pseudo_labels"] is not None:
+            Q, w = state["pseudo_labels"], state["weights"]
+            self.pseudo_labels_, self.weights_, self._pi = Q, w, float(state["pi"])
+            self._q = torch.as_tensor(Q, dtype=torch.float32, device=self.device)
+            self._w = torch.as_tensor(w, dtype=torch.float32, device=self.device)
 
     # -- parameters as named arrays (what travels at the end of a federated run) -------------
     def get_arrays(self) -> dict[str, np.ndarray]:

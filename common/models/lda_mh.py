@@ -38,9 +38,9 @@ fit is reproducible.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -745,6 +745,24 @@ class LDAMH:
         self.n_tokens_ = corpus.n_tokens
         self._beta = beta
         return self
+
+    # -------------------------------------------------------------- between rounds
+    _FITTED = ("z_", "nwk_", "ndk_", "nk_", "noise_", "fit_count_", "_beta", "acceptance_",
+               "n_tokens_")
+
+    def local_state(self) -> dict[str, Any]:
+        """What :meth:`fit` leaves for the next call (the assignments and counts a warm start
+        continues from, the Laplace noise drawn once, the fit count that picks the next
+        sampling stream), as a state tree (:mod:`common.state`); empty before the first fit."""
+        return {name: getattr(self, name) for name in self._FITTED if hasattr(self, name)}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`local_state` returned."""
+        for name in self._FITTED:
+            if name in state:
+                setattr(self, name, state[name])
+            elif hasattr(self, name):
+                delattr(self, name)
 
     # -------------------------------------------------------------- results
     @property

@@ -9,12 +9,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from common.eval.classification import classification_metrics
+from common.state import generator_state, set_generator_state
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
 
@@ -143,6 +145,18 @@ class MLPClassifier:
             warnings.simplefilter("ignore", UserWarning)
             state = {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
             self.model_.load_state_dict(state, strict=True)
+
+    # -- what a worker keeps between rounds ------------------------------------------------
+    def local_state(self) -> dict[str, Any]:
+        """What training carries from one round to the next besides the weights (which each
+        round replaces): the optimizer's moments and the shuffling generator, as a state tree
+        (:mod:`common.state`)."""
+        return {"optimizer": self.optimizer_.state_dict(), "shuffle": generator_state(self._gen)}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`local_state` returned."""
+        self.optimizer_.load_state_dict(state["optimizer"])
+        set_generator_state(self._gen, state["shuffle"])
 
     # -- scikit-learn style ----------------------------------------------------------------
     def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None) -> MLPClassifier:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,6 +32,7 @@ from torch import nn
 
 from common.eval.topics import svm_scores, top_words
 from common.models.smile import SmileCritic
+from common.state import generator_state, set_generator_state
 
 __all__ = ["NMFParams", "SGDNMF", "init_scale", "reconstruction_loss", "heldout_scores",
            "OPTIMIZERS"]
@@ -312,6 +314,44 @@ class SGDNMF:
         if self.critic_ is not None and state:
             self.critic_.load_state_dict(state, strict=True)
         self._opt = None
+
+    def local_state(self) -> dict[str, Any]:
+        """What a worker's model carries from one round to the next, as a state tree
+        (:mod:`common.state`): its own H and H's optimizer, the critic (which stays here with
+        ``critic_aggregation: local``), C as last loaded (so that loading the next round's C
+        does not draw a fresh one), the generators and the step count. C's and the critic's
+        optimizers start afresh every round (:meth:`set_arrays`) and are not kept."""
+        return {"components": self._C, "critic": None if self.critic_ is None
+                else self.critic_.state_dict(),
+                "doc_topic": None if self._H is None else self._H.weight,
+                "doc_topic_optimizer": None if self._opt_h is None else self._opt_h.state_dict(),
+                "shuffle": generator_state(self._gen), "rng": generator_state(self._rng),
+                "n_steps": self.n_steps_}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`local_state` returned."""
+        set_generator_state(self._gen, state["shuffle"])
+        set_generator_state(self._rng, state["rng"])
+        self.n_steps_ = int(state["n_steps"])
+        self._C, self.critic_, self._opt = None, None, None
+        if state["components"] is not None:
+            comp = state["components"].to(torch.float32)
+            self._C = comp.to(self.device).requires_grad_(True)
+        if state["critic"] is not None:
+            with torch.random.fork_rng(devices=[]):  # its draws are overwritten at once
+                self.critic_ = SmileCritic(self._C.shape[1], self.n_topics, self.critic_hidden)
+            self.critic_.load_state_dict(state["critic"])
+            self.critic_.to(self.device)
+        self._H, self._opt_h = None, None
+        if state["doc_topic"] is not None:
+            h = state["doc_topic"]
+            self._H = nn.Embedding(h.shape[0], self.n_topics, sparse=True).to(self.device)
+            with torch.no_grad():
+                self._H.weight.copy_(h)
+        if state["doc_topic_optimizer"] is not None:
+            cls = torch.optim.SparseAdam if self.optimizer == "adam" else torch.optim.SGD
+            self._opt_h = cls(self._H.parameters(), lr=self.lr)
+            self._opt_h.load_state_dict(state["doc_topic_optimizer"])
 
     def _check_keeps_scale(self) -> None:
         # its MI step on H is a plain gradient step at lr B, which only matches plain SGD

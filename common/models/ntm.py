@@ -51,6 +51,7 @@ from common.models.ntm_sync_bn import (
     merge_moments,
     moved_running_stats,
 )
+from common.state import generator_state, set_generator_state
 
 __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
            "simulate_sync", "simulate_union", "relative_change"]
@@ -258,14 +259,41 @@ class NTMNet(nn.Module):
 
 
 # hand-written: endless seeded permutations; a DataLoader ties its order to torch's global RNG
-def batch_schedule(n: int, batch_size: int, random_state: int) -> Iterator[np.ndarray]:
+class BatchStream:
     """Endless mini-batches of ``range(n)``: a fresh seeded permutation every epoch, cut into
-    ``batch_size`` rows (the last batch of an epoch may be smaller)."""
-    rng = np.random.default_rng(random_state)
-    while True:
-        order = rng.permutation(n)
-        for start in range(0, n, batch_size):
-            yield order[start:start + batch_size]
+    ``batch_size`` rows (the last batch of an epoch may be smaller).
+
+    An iterator whose position is state (:meth:`state`, :meth:`load_state`), so that a worker
+    going back to an earlier round draws the same batches again.
+    """
+
+    def __init__(self, n: int, batch_size: int, random_state: int) -> None:
+        self.n, self.batch_size = n, batch_size
+        self._rng = np.random.default_rng(random_state)
+        self._order = np.empty(0, dtype=np.int64)
+        self._pos = 0
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if self._pos >= len(self._order):
+            self._order, self._pos = self._rng.permutation(self.n), 0
+        rows = self._order[self._pos:self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return rows
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": generator_state(self._rng), "order": self._order, "pos": self._pos}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        set_generator_state(self._rng, state["rng"])
+        self._order, self._pos = np.asarray(state["order"]), int(state["pos"])
+
+
+def batch_schedule(n: int, batch_size: int, random_state: int) -> BatchStream:
+    """:class:`BatchStream` of ``range(n)`` (the name the centralized fits use)."""
+    return BatchStream(n, batch_size, random_state)
 
 
 class NeuralTopicModel:
@@ -359,6 +387,20 @@ class NeuralTopicModel:
     def buffer_names(self) -> list[str]:
         """Batch-norm running statistics that travel with the weights."""
         return [n for n, _ in self.net_.named_buffers() if not n.endswith("num_batches_tracked")]
+
+    def local_state(self) -> dict[str, Any]:
+        """What a worker's copy carries from one round to the next, as a state tree
+        (:mod:`common.state`): the network (weights, running statistics and their counters),
+        the optimizer's moments, the noise generator and the step count."""
+        return {"net": self.net_.state_dict(), "optimizer": self.optimizer_.state_dict(),
+                "noise": generator_state(self.noise_), "steps": self.steps_}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`local_state` returned (into an initialized model)."""
+        self.net_.load_state_dict(state["net"])
+        self.optimizer_.load_state_dict(state["optimizer"])
+        set_generator_state(self.noise_, state["noise"])
+        self.steps_ = int(state["steps"])
 
     # ------------------------------------------------------------------ arrays on the wire
     def get_arrays(self) -> dict[str, np.ndarray]:

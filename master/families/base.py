@@ -117,6 +117,24 @@ class ServerFamily(ABC):
         value 0 means nothing was trained, and the run does not end as a success."""
         return {"rounds": version}
 
+    def budget_spent(self, round_: int) -> bool:
+        """True when round ``round_`` was the run's last: after ``rounds`` rounds by default.
+        A family whose unit of training spans rounds counts its budget in those units, so a
+        unit redone after a worker dropped out costs no training."""
+        return round_ >= self.cfg.rounds
+
+    def base_round(self, round_: int) -> int:
+        """The round whose worker state round ``round_`` builds on (sent as ``base``): the one
+        before by default. A family that redoes work from an earlier point (a step of several
+        rounds started again) names that point, and workers go back to their state then."""
+        return round_ - 1
+
+    def resume_base(self, round_: int) -> int:
+        """:meth:`base_round` of round ``round_`` as a master resumed from a checkpoint of
+        now will publish it (stored in the checkpoint; workers keep their snapshots from
+        there). The same by default."""
+        return self.base_round(round_)
+
     def finished(self) -> bool:
         """True to stop before ``rounds`` (e.g. the weights stopped changing); checked after
         every aggregation."""

@@ -42,6 +42,9 @@ from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
 
+#: A synchronous run whose steps keep being redone stops after this many times ``rounds``.
+MAX_ROUNDS_PER_BUDGET = 2
+
 
 class ProdLDAServer(VocabularyServer):
     """Master side of ``model: {family: prodlda}`` (see the module docstring).
@@ -76,16 +79,38 @@ class ProdLDAServer(VocabularyServer):
         self.step_sizes_: list[int] = []  # their batch sizes
         self.reducer_: SyncBNReducer | None = None
         self.step_start_: dict[str, np.ndarray] = {}  # the weights the step started from
+        self.step_round_ = 1  # the round the step under way began in (its phase 0)
+        #: The run's budget, in steps: a step redone after a dropout costs none of it.
+        self.total_steps = cfg.rounds // per_step
 
     def trained(self, version: int) -> dict[str, int]:
         return {"steps": self.steps_, "rounds": version}
+
+    def budget_spent(self, round_: int) -> bool:
+        if self.params.mode != "sync":
+            return super().budget_spent(round_)
+        # Steps redone after dropouts take rounds beyond `rounds`; not without end, though.
+        return (self.steps_ >= self.total_steps
+                or round_ >= MAX_ROUNDS_PER_BUDGET * self.cfg.rounds)
+
+    def base_round(self, round_: int) -> int:
+        # A step's first phase builds on the workers' state at the step's start, also when the
+        # step is redone (they go back there and draw the same mini-batches again); its later
+        # phases on the phase before.
+        if self.reducer_ is not None and self.phase_ == 0:
+            return self.step_round_ - 1
+        return round_ - 1
+
+    def resume_base(self, round_: int) -> int:
+        # A resumed master redoes a step its checkpoint caught midway from the step's start.
+        return self.step_round_ - 1 if self.reducer_ is not None else round_ - 1
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         p = self.params
         vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)
         self.model_ = p.model(self.contextual_size, self.cfg.seed).initialize(len(vocab))
         self.setup_info_ = {"vocabulary": vocab, "contextual_size": self.contextual_size}
-        self._start_step()
+        self._start_step(round_=1)
         log.info("%s: %d words agreed from %d vocabularies, %d topics, mode %s%s, %d parameters",
                  self.name, len(vocab), len(registrations), p.n_topics, p.mode,
                  f", batch norm over the union batch ({N_PHASES} rounds a step)"
@@ -97,17 +122,21 @@ class ProdLDAServer(VocabularyServer):
         """``step``: steps completed; ``evaluate``: whether workers score this payload (the
         weights that step ``step + 1`` starts from); ``phase`` with a synchronized batch norm."""
         p = self.params
-        last = self.steps_ + 1 >= self.cfg.rounds // p.rounds_per_step or self.finished()
+        last = self.steps_ + 1 >= self.total_steps or self.finished()
         ev = p.mode == "fedavg" or self.steps_ % p.eval_every == 0 or last
         meta: dict[str, Any] = {"step": self.steps_, "evaluate": bool(ev)}
         if p.synced_batch_norm:
             meta["phase"] = 0
         return meta
 
-    def _start_step(self, weights: dict[str, np.ndarray] | None = None) -> Payload:
+    def _start_step(self, weights: dict[str, np.ndarray] | None = None,
+                    round_: int | None = None) -> Payload:
         """Publish the weights (``model_``'s, unless already read out as ``weights``): the
-        first phase of a step (or the whole of it)."""
+        first phase of a step (or the whole of it), in round ``round_`` (None: the step under
+        way, started again)."""
         assert self.model_ is not None
+        if round_ is not None:
+            self.step_round_ = round_
         self.phase_, self.step_workers_, self.step_sizes_ = 0, [], []
         if self.params.synced_batch_norm and self.reducer_ is None:
             # One for the run: phases 0 and 1 of every step rewrite what its phase 4 reads.
@@ -166,14 +195,14 @@ class ProdLDAServer(VocabularyServer):
         if self.phase_ == 0:
             kept = [r for r in results if ABSTAIN not in r.arrays]
             if not kept:
-                return self._start_step()
+                return self._start_step(round_=round_ + 1)
             self.step_workers_ = [r.worker_id for r in kept]
             self.step_sizes_ = [r.n_samples for r in kept]
             results = kept
         out = self.reducer_.reduce(self.phase_, [r.arrays for r in results], self.step_sizes_)
         self.phase_ += 1
         if self.phase_ < N_PHASES:
-            if round_ >= self.cfg.rounds:  # the round budget ends mid-step: keep the weights
+            if self.budget_spent(round_):  # the rounds' hard cap ends it mid-step
                 log.info("the last round ended step %d in phase %d: it is dropped",
                          self.steps_ + 1, self.phase_)
                 return self._start_step()
@@ -186,7 +215,8 @@ class ProdLDAServer(VocabularyServer):
             self.changes_.append(relative_change({n: start[n] for n in names},
                                                  {n: out[n] for n in names}))
         self.steps_ += 1
-        return self._start_step(out)  # the reducer's last phase returned the new weights
+        # The reducer's last phase returned the new weights.
+        return self._start_step(out, round_=round_ + 1)
 
     def finished(self) -> bool:
         p = self.params
@@ -211,13 +241,15 @@ class ProdLDAServer(VocabularyServer):
             steps[str(i)] = float(st["step"])
         if self.phase_ > 0:  # mid-step, the payload is statistics: keep the weights too
             arrays.update({f"weights.{n}": a for n, a in self.model_.get_arrays().items()})
-        return {"changes": self.changes_, "adam_steps": steps, "steps": self.steps_}, arrays
+        return {"changes": self.changes_, "adam_steps": steps, "steps": self.steps_,
+                "step_round": self.step_round_}, arrays
 
     def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
         import torch
 
         self.changes_ = list(meta.get("changes", []))
         self.steps_ = int(meta.get("steps", 0))
+        self.step_round_ = int(meta.get("step_round", 1))
         vocab = self.setup_info_["vocabulary"]
         self.model_ = self.params.model(self.contextual_size, self.cfg.seed)
         self.reducer_ = None  # rebuilt on the restored model

@@ -81,6 +81,18 @@ class ClientFamily(ABC):
         family adds here what costs too much to compute every round (gensim's coherence)."""
         return self.evaluate(meta, arrays)
 
+    def local_state(self) -> dict[str, Any]:
+        """What this worker's training carries from one round to the next (an optimizer's
+        moments, its own factors, its position in its mini-batch stream, its generators), as a
+        state tree (:mod:`common.state`), taken after :meth:`setup` and after every
+        :meth:`fit`. A worker that goes back to an earlier round (a resumed master) or starts
+        again (a restart) loads it with :meth:`load_local_state`, so that it trains as if
+        nothing had happened. Empty (the default) for a family that keeps nothing."""
+        return {}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`local_state` returned (after :meth:`setup`)."""
+
     def local_baseline(self) -> dict[str, float] | None:
         """Score of a model trained on this worker's data alone (same budget), if meaningful."""
         return None

@@ -78,6 +78,13 @@ class FSTCClient(ClientFamily):
         self.n_clusters = int(setup["n_clusters"])
         self.model = self._new_model()
 
+    def local_state(self) -> dict[str, Any]:
+        return {} if self.model is None else self.model.local_state()
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        if self.model is not None and state:
+            self.model.load_local_state(state)
+
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"

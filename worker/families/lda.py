@@ -85,8 +85,22 @@ class LDAClient(VocabularyClient):
         self.reference_ = bow_matrix(self.train_texts, self.vocabulary_)
 
     @property
-    def n_samples(self) -> int:
-        return max(1, self.train_.n_tokens if self.train_ is not None else self.data.n_train)
+    def n_tokens(self) -> int:
+        """An update's weight: this party's tokens (the registration counts documents, and
+        must say the same at every registration, before and after the setup)."""
+        assert self.train_ is not None, "setup() first"
+        return max(1, self.train_.n_tokens)
+
+    def local_state(self) -> dict[str, Any]:
+        if self.model_ is None:
+            return {}
+        return {"n_topics": self.model_.n_topics, "model": self.model_.local_state()}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        self.model_ = None
+        if state:
+            self.model_ = self.params.model(int(state["n_topics"]), self.sentence, self.seed)
+            self.model_.load_local_state(state["model"])
 
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
@@ -101,7 +115,7 @@ class LDAClient(VocabularyClient):
         train_time = time.perf_counter() - t0
         topics = topic_normalize(self.model_.components_, self.params.beta).astype(np.float32)
         units = len(self.model_.z_)
-        return FitResult({TOPICS: topics}, self.n_samples,
+        return FitResult({TOPICS: topics}, self.n_tokens,
                          {"train_time": train_time, "acceptance": self.model_.acceptance_,
                           "tokens_per_s": self.params.sweeps * self.train_.n_tokens
                           / max(train_time, 1e-9), "n_units": float(units)})

@@ -50,6 +50,13 @@ class MLPClient(ClientFamily):
         self.model = self.params.classifier(int(setup["input_dim"]), len(self.classes),
                                             device=self.device, random_state=self.seed)
 
+    def local_state(self) -> dict[str, Any]:
+        return {} if self.model is None else self.model.local_state()
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        if self.model is not None and state:
+            self.model.load_local_state(state)
+
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"

@@ -52,6 +52,13 @@ class NMFClient(VocabularyClient):
         self.x_test = bow_matrix(self.test_texts, self.vocabulary_)
         self.model = self.params.model(device=self.device, random_state=self.seed)
 
+    def local_state(self) -> dict[str, Any]:
+        return {} if self.model is None else self.model.local_state()
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        if self.model is not None and state:
+            self.model.load_local_state(state)
+
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"

@@ -103,6 +103,19 @@ class ProdLDAClient(VocabularyClient):
         model.vocabulary_ = self.vocabulary_
         return model
 
+    def local_state(self) -> dict[str, Any]:
+        # The synchronized step under way is not kept: a worker that comes back mid-step
+        # abstains, and the master redoes the step from its start (docs/RECOVERY.md).
+        if self.model is None:
+            return {}
+        return {"model": self.model.local_state(), "batches": self.batches.state()}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        if self.model is not None and state:
+            self.model.load_local_state(state["model"])
+            self.batches.load_state(state["batches"])
+            self.step_ = None
+
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
@@ -113,7 +126,7 @@ class ProdLDAClient(VocabularyClient):
         if self.params.mode == "sync":
             rows = next(self.batches)
             out = self.model.gradients(self.x_train, self.c_train, rows, self.doc_ids[rows],
-                                       step=round_ - 1)
+                                       step=int(meta.get("step", round_ - 1)))
             n = len(rows)
         else:
             # Local Adam (its state persists across rounds) along the worker's own endless

@@ -1,0 +1,144 @@
+"""Exact recovery, family by family, over real processes (docs/RECOVERY.md).
+
+Each family's job runs twice: undisturbed, and with the master SIGKILLed mid-run and resumed
+(``fedctl master --resume``) and then a worker SIGKILLed and started again. The master goes
+back to its checkpoint; every worker goes back to its own snapshot of the same round and draws
+the same mini-batches; the restarted worker carries on from its snapshot. Both runs must log
+every round once and end with the same ``model.npz``, bit for bit.
+
+The heartbeat timeout and round deadline are long, so that the round open when w2 dies waits
+for the new w2 (however slowly this machine starts a process) rather than closing without it:
+a round that closes without a worker cannot equal one that had its update.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import MakeConfig, Procs, events, wait_for
+
+pytestmark = pytest.mark.slow
+
+WORKERS = ("w1", "w2", "w3")
+PATIENT = {"heartbeat_timeout": 600, "round_deadline": 600}
+
+#: Small jobs with rounds slow enough (a few hundred ms) to be hit mid-run.
+JOBS: dict[str, dict[str, Any]] = {
+    "mlp": {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
+            "data": {"task": "multiclass"}},
+    "nmf": {"rounds": 12, "model": {"family": "nmf", "n_topics": 8, "mi_weight": 0.1,
+                                    "vocab_size": 400, "local_epochs": 5},
+            "strategy": {"name": "fedadam", "eta": 0.01}, "data": {"task": "multiclass"}},
+    # 6 steps of 5 rounds (batch norm over the union batch).
+    "prodlda": {"rounds": 30, "model": {"family": "prodlda", "mode": "sync", "n_topics": 8,
+                                        "vocab_size": 400, "batch_size": 32},
+                "data": {"task": "multiclass"}},
+    "fstc": {"rounds": 10, "model": {"family": "fstc", "n_clusters": 5, "iterations": 40},
+             "data": {"task": "multiclass"}},
+    "lda": {"rounds": 12, "model": {"family": "lda", "n_topics": 6, "sweeps": 100,
+                                    "vocab_size": 400},
+            "data": {"task": "multiclass"}},
+}
+
+
+def _rounds(out: Path) -> list[int]:
+    return [e["round"] for e in events(out, "round")]
+
+
+def _model(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out / "model.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def _run(procs: Procs, cfg: Path) -> None:
+    procs.master(cfg)
+    for w in WORKERS:
+        procs.worker(cfg, w)
+
+
+@pytest.mark.parametrize("family", list(JOBS))
+def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
+                                                 make_config: MakeConfig,
+                                                 embed_cache: Path) -> None:
+    job = JOBS[family]
+    # Undisturbed.
+    calm_dir = tmp_path / "calm"
+    calm_dir.mkdir()
+    calm = make_config(calm_dir, workers=3, **PATIENT, **job)
+    procs = Procs(calm_dir / "logs", embed_cache)
+    try:
+        _run(procs, calm)
+        codes = procs.wait_all(timeout=400)
+        assert set(codes.values()) == {0}, procs.logs_tail()
+    finally:
+        procs.stop_all()
+    expected_rounds = _rounds(calm_dir / "out")
+
+    # The master killed after round 2 and resumed; then w2 killed and restarted. The workers
+    # are paused (SIGSTOP) around each kill, so that a fast job cannot end meanwhile.
+    hit_dir = tmp_path / "hit"
+    hit_dir.mkdir()
+    hit = make_config(hit_dir, workers=3, **PATIENT, **job)
+    out = hit_dir / "out"
+    procs = Procs(hit_dir / "logs", embed_cache)
+
+    def pause(names: tuple[str, ...], sig: signal.Signals) -> None:
+        for name in names:
+            procs.procs[name].send_signal(sig)
+
+    def kill(name: str) -> None:
+        procs.procs[name].send_signal(signal.SIGKILL)
+        procs.procs[name].wait(timeout=10)
+        del procs.procs[name]
+
+    try:
+        _run(procs, hit)
+        wait_for(lambda: len(_rounds(out)) >= 2, 300, "round 2", procs.check_alive_or_ok,
+                 interval=0.02)
+        pause(WORKERS, signal.SIGSTOP)
+        kill("master")
+        killed_at = len(_rounds(out))
+        assert not (out / "summary.json").exists(), "the job ended before the master was killed"
+        procs.master(hit, "--resume", name="master2")
+        wait_for(lambda: "resumed job" in procs.log("master2"), 300, "the master to resume",
+                 procs.check_alive_or_ok)
+        pause(WORKERS, signal.SIGCONT)
+        wait_for(lambda: len(_rounds(out)) >= killed_at + 2, 300, "two rounds after resuming",
+                 procs.check_alive_or_ok, interval=0.02)
+        pause(("w1", "w3"), signal.SIGSTOP)
+        kill("w2")
+        assert not (out / "summary.json").exists(), "the job ended before w2 was killed"
+        procs.worker(hit, "w2")
+        pause(("w1", "w3"), signal.SIGCONT)
+        codes = procs.wait_all(timeout=400)
+        assert set(codes.values()) == {0}, procs.logs_tail()
+    finally:
+        procs.stop_all()
+
+    rounds = _rounds(out)
+    assert rounds == list(range(1, len(rounds) + 1))  # every round logged once, none lost
+    calm_summary = json.loads((calm_dir / "out" / "summary.json").read_text())
+    hit_summary = json.loads((out / "summary.json").read_text())
+    if family == "prodlda":
+        # A step redone costs rounds, not steps: the budget is the same 6 steps.
+        # (A step is redone when a kill caught it midway.)
+        assert hit_summary["trained"]["steps"] == calm_summary["trained"]["steps"] == 6
+    else:
+        assert rounds == expected_rounds
+    assert len(events(out, "resume")) == 1
+    assert [e for e in events(out, "register") if e["worker"] == "w2" and e["rejoin"]]
+    assert "back to w" in procs.log("w1") + procs.log("w3")  # went back to a snapshot
+    assert "back to its own state" in procs.log("w2")  # the restarted w2 carried on
+    calm_model, hit_model = _model(calm_dir / "out"), _model(out)
+    assert calm_model.keys() == hit_model.keys()
+    for name, array in calm_model.items():
+        assert np.array_equal(array, hit_model[name]), (
+            f"{name}: max |diff| {np.abs(array - hit_model[name]).max()}")
+    # The job is over: the workers' snapshots are gone with it.
+    assert not list((out / "workers").glob("*/round-*.npz"))

@@ -1,0 +1,96 @@
+"""A worker's own state after each round it trained, on its own disk (docs/RECOVERY.md).
+
+The master's checkpoint holds the global model; what a worker built in the rounds since (NMF's
+document factors, an optimizer's moments, its place in its mini-batch stream) only the worker
+holds. A resumed master goes back to its checkpoint's round, and every round it publishes says
+which round's worker state it builds on (``base``): a worker whose state is newer goes back to
+its snapshot of then and trains as if nothing had happened. A restarted worker loads its newest
+snapshot. The master also says which snapshots it can no longer ask for (``keep``), and they are
+deleted, so a folder holds the few rounds since the last checkpoint.
+
+One file a round, ``round-000012.npz`` (:mod:`common.state`), written before the round's update
+is sent: a worker killed after sending has the state its update came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from common import state
+
+log = logging.getLogger("fedctl.worker")
+
+_NAME = re.compile(r"^round-(\d{6,})\.npz$")
+RUN_FILE = "RUN"  # the run the snapshots belong to
+
+
+class Snapshots:
+    """The snapshots of one worker in one run, in ``folder``.
+
+    Parameters
+    ----------
+    folder : path
+        This worker's own folder (created when first written).
+    worker_id : str
+    """
+
+    def __init__(self, folder: str | Path, worker_id: str) -> None:
+        self.folder = Path(folder)
+        self.worker_id = worker_id
+
+    def _path(self, round_: int) -> Path:
+        return self.folder / f"round-{round_:06d}.npz"
+
+    def rounds(self) -> list[int]:
+        """The rounds there is a snapshot after, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        found = (_NAME.match(p.name) for p in self.folder.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def adopt(self, run_id: str) -> bool:
+        """Keep the snapshots if they are of run ``run_id``, else delete them (an earlier
+        job's state must not leak into this one). True when there are some to use."""
+        marker = self.folder / RUN_FILE
+        known = marker.read_text().strip() if marker.is_file() else None
+        if known != run_id:
+            for r in self.rounds():
+                self._path(r).unlink(missing_ok=True)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            marker.write_text(run_id + "\n")
+        return bool(self.rounds())
+
+    def save(self, round_: int, tree: Any) -> None:
+        """The state after round ``round_`` (0: after the pre-training exchange)."""
+        state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_})
+
+    def load(self, round_: int) -> Any:
+        header, tree = state.load(self._path(round_))
+        if header.get("worker_id") != self.worker_id or header.get("round") != round_:
+            raise ValueError(f"{self._path(round_)}: a snapshot of {header.get('worker_id')} "
+                             f"after round {header.get('round')}, not of {self.worker_id}")
+        return tree
+
+    def back_to(self, base: int) -> tuple[int, Any] | None:
+        """The newest snapshot at or before round ``base``, as ``(round, state)``; the newer
+        ones, of a future that will not happen, are deleted. None when there is none."""
+        older = [r for r in self.rounds() if r <= base]
+        if not older:
+            return None
+        for r in self.rounds():
+            if r > older[-1]:
+                self._path(r).unlink(missing_ok=True)
+        return older[-1], self.load(older[-1])
+
+    def prune(self, keep: int) -> None:
+        """Delete what no resumed master can ask for: everything older than the newest
+        snapshot at or before round ``keep``."""
+        rounds = self.rounds()
+        older = [r for r in rounds if r <= keep]
+        for r in older[:-1]:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(r).unlink()
