@@ -7,6 +7,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,10 @@ def _relayed(cfg: Path, relay: Relay, name: str) -> Path:
     return path
 
 
-def _run_with_capture(make_config: MakeConfig, tmp_path: Path, procs: Procs, mode: str
-                      ) -> tuple[bytes, Path]:
+def _run_with_capture(make_config: MakeConfig, tmp_path: Path, procs: Procs, mode: str,
+                      before_w2: Callable[[Path], None] | None = None) -> tuple[bytes, Path]:
+    """A run of master, w1 (through the relay) and w2; ``before_w2(cfg)``, if given, runs once
+    the master and w1 are started, and w2 starts after it (so the master is still waiting)."""
     cfg = _secure_config(make_config, tmp_path, mode)
     if mode == "curve":
         result = run_fedctl("keygen", "--config", str(cfg))
@@ -97,30 +100,15 @@ def _run_with_capture(make_config: MakeConfig, tmp_path: Path, procs: Procs, mod
     try:
         procs.master(cfg)
         procs.worker(_relayed(cfg, relay, "w1.yaml"), "w1")
+        if before_w2 is not None:
+            before_w2(cfg)
         procs.worker(cfg, "w2")
         codes = procs.wait_all(timeout=240)
     finally:
         relay.stop()
-    assert set(codes.values()) == {0}, procs.logs_tail()
+    assert {n: c for n, c in codes.items() if n != "rogue"} == {"master": 0, "w1": 0, "w2": 0}, \
+        procs.logs_tail()
     return bytes(relay.captured), tmp_path / "out"
-
-
-def test_curve_run_is_unreadable_on_the_wire(tmp_path: Path, make_config: MakeConfig,
-                                             procs: Procs) -> None:
-    captured, out = _run_with_capture(make_config, tmp_path, procs, "curve")
-    assert len(events(out, "round")) == 3
-    assert "security: CURVE" in procs.log("master")
-    assert len(captured) > 100_000  # the relay did carry w1's registration and updates
-    for plain in (b"register", b"update", b"worker_id", b"0.weight", b"macro_f1"):
-        assert plain not in captured, plain
-
-
-def test_plaintext_run_is_readable_on_the_wire(tmp_path: Path, make_config: MakeConfig,
-                                               procs: Procs) -> None:
-    """The control for the test above: the same capture without CURVE shows the protocol."""
-    captured, _ = _run_with_capture(make_config, tmp_path, procs, "none")
-    assert b"register" in captured and b"0.weight" in captured
-    assert "security: none" in procs.log("master")
 
 
 def _request(endpoint: str, setup: Any = None, timeout_ms: int = 2000) -> bool:
@@ -137,31 +125,55 @@ def _request(endpoint: str, setup: Any = None, timeout_ms: int = 2000) -> bool:
         sock.close()
 
 
-def test_unknown_keys_and_plaintext_are_refused(tmp_path: Path, make_config: MakeConfig,
-                                                procs: Procs) -> None:
-    cfg = _secure_config(make_config, tmp_path)
-    keygen(tmp_path / "keys", ["w1", "w2"])
-    keygen(tmp_path / "rogue", ["w2"])  # a key pair the master never admitted
-    raw = yaml.safe_load(cfg.read_text())
-    rep = f"tcp://127.0.0.1:{raw['master']['rep_port']}"
-    procs.master(cfg)
-    admitted = client_keys(tmp_path / "keys", "w1")
-    assert _request(rep, admitted.setup, timeout_ms=20_000)  # the control: admitted key works
+def test_curve_run_is_unreadable_on_the_wire_and_refuses_other_keys(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """One CURVE cluster for both sides: while its master waits for w2, unknown keys and
+    plaintext get no reply and a whole worker process holding a key the master never admitted
+    (w2's name, a rogue pair) cannot even read the announcements; then the real w2 comes and
+    the job runs with nothing readable on the wire."""
 
-    rogue = client_keys(tmp_path / "rogue", "w2")
-    rogue.server_public = admitted.server_public  # it knows the master's public key, even so
-    assert not _request(rep, rogue.setup)
-    assert not _request(rep)  # plaintext
+    def refuse_rogues(cfg: Path) -> None:
+        keygen(tmp_path / "rogue", ["w2"])  # a key pair the master never admitted
+        raw = yaml.safe_load(cfg.read_text())
+        rep = f"tcp://127.0.0.1:{raw['master']['rep_port']}"
+        admitted = client_keys(tmp_path / "keys", "w1")
+        # The control: the admitted key is answered (the master may still be starting).
+        assert _request(rep, admitted.setup, timeout_ms=60_000)
 
-    # A whole worker process with an unadmitted key cannot even read the announcements.
-    raw["security"]["keys_dir"] = str(tmp_path / "rogue")
-    raw["join_timeout"] = 2  # how long it listens for an announcement before it gives up
-    rogue_cfg = tmp_path / "rogue.yaml"
-    rogue_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-    (tmp_path / "rogue" / "master.key").write_bytes((tmp_path / "keys" / "master.key")
-                                                    .read_bytes())
-    w2 = procs.worker(rogue_cfg, "w2")
-    assert w2.wait(timeout=60) != 0
-    assert "no announcement" in procs.log("w2")
-    assert procs.procs["master"].poll() is None  # still serving
-    assert not events(tmp_path / "out", "register")  # nobody but the pings got through
+        # A whole worker process with an unadmitted key (started now that the master serves,
+        # so that it has the master to listen to; it imports torch while the pings go on).
+        raw["security"]["keys_dir"] = str(tmp_path / "rogue")
+        raw["join_timeout"] = 2  # how long it listens for an announcement before it gives up
+        rogue_cfg = tmp_path / "rogue.yaml"
+        rogue_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        (tmp_path / "rogue" / "master.key").write_bytes((tmp_path / "keys" / "master.key")
+                                                        .read_bytes())
+        w2 = procs.start("rogue", "worker", "--config", str(rogue_cfg), "--id", "w2",
+                         "--threads", "1")
+
+        rogue = client_keys(tmp_path / "rogue", "w2")
+        rogue.server_public = admitted.server_public  # it knows the master's public key, even so
+        assert not _request(rep, rogue.setup)
+        assert not _request(rep)  # plaintext
+        assert w2.wait(timeout=90) != 0
+        assert "no announcement" in procs.log("rogue")
+        assert procs.procs["master"].poll() is None  # still serving, still waiting for w2
+        # nobody but the pings and the admitted w1 got through
+        assert {e["worker"] for e in events(tmp_path / "out", "register")} <= {"w1"}
+
+    captured, out = _run_with_capture(make_config, tmp_path, procs, "curve", refuse_rogues)
+    assert len(events(out, "round")) == 3
+    assert "security: CURVE" in procs.log("master")
+    regs = events(out, "register")
+    assert sorted(e["worker"] for e in regs) == ["w1", "w2"] and not any(e["rejoin"] for e in regs)
+    assert len(captured) > 100_000  # the relay did carry w1's registration and updates
+    for plain in (b"register", b"update", b"worker_id", b"0.weight", b"macro_f1"):
+        assert plain not in captured, plain
+
+
+def test_plaintext_run_is_readable_on_the_wire(tmp_path: Path, make_config: MakeConfig,
+                                               procs: Procs) -> None:
+    """The control for the test above: the same capture without CURVE shows the protocol."""
+    captured, _ = _run_with_capture(make_config, tmp_path, procs, "none")
+    assert b"register" in captured and b"0.weight" in captured
+    assert "security: none" in procs.log("master")
