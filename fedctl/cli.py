@@ -200,6 +200,10 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
         _fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable) as exc:
         _fail(exc)  # SecurityError is a ValueError
+    except Exception as exc:  # anything else ends the worker in one line too
+        logging.getLogger("fedctl.worker").debug("worker failed", exc_info=True)
+        _fail(RuntimeError(f"{worker_id} stopped: {type(exc).__name__}: {exc} (--log-level "
+                           f"debug shows where)"))
 
 
 @main.command()

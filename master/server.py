@@ -386,6 +386,11 @@ class Master:
                 self._fail(f"{len(self.workers)} worker(s) left after excluding "
                            f"{', '.join(sorted(self.excluded))}, min_workers is "
                            f"{self.cfg.min_workers}")
+            elif self._abandoned(now):
+                self._fail(f"no worker has been heard from for {self.cfg.join_timeout:g}s "
+                           f"(join_timeout) after the last heartbeat_timeout: the job cannot "
+                           f"go on; the checkpoint is kept: start the workers and "
+                           f"`fedctl master --resume`")
             else:
                 self._maybe_close_round(now)
         elif self.phase == REPORTING:
@@ -424,6 +429,14 @@ class Master:
         gc.freeze()
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
+
+    def _abandoned(self, now: float) -> bool:
+        """Every worker silent past ``heartbeat_timeout`` and then ``join_timeout`` more (e.g.
+        a resumed master whose workers are gone): waiting longer would be forever."""
+        if not self.workers:
+            return False
+        last = max(w.last_seen for w in self.workers.values())
+        return now - last > self.cfg.heartbeat_timeout + self.cfg.join_timeout
 
     def _setup_family(self) -> bool:
         """The pre-training exchange. A registration that makes it fail (each passed

@@ -45,6 +45,7 @@ def _worker(cfg: Any, setup: dict[str, Any]) -> Any:
     return fam
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch sharing a read-only array
 @pytest.mark.parametrize("name", list(MODELS))
 def test_a_snapshot_replays_the_next_round_exactly(name: str, tmp_path: Path,
                                                    embed_cache: Path) -> None:
@@ -59,6 +60,8 @@ def test_a_snapshot_replays_the_next_round_exactly(name: str, tmp_path: Path,
     payload = server.setup(regs)
     setup = server.setup_info_
     first = server.payload_for("w1")
+    for array in first.arrays.values():  # as they come off the wire: views of the frames
+        array.setflags(write=False)
 
     a = _worker(cfg, setup)  # scores each payload before training on it, as a worker does
     a.evaluate(first.meta, first.arrays)

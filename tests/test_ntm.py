@@ -453,6 +453,9 @@ def test_master_runs_synchronized_steps_and_redoes_one_a_worker_leaves() -> None
             server.check_update(ups[1].arrays)
             payload = server.aggregate(2, ups)
         assert payload.meta == before.meta and server.steps_ == 1
+        # The redone step builds on the workers' state at its first start (the step began in
+        # round 2, after the first step's last phase closed round 1 here), whatever round redoes it.
+        assert server.base_round(9) == 1 and server.resume_base(9) == 1
         for name, value in before.arrays.items():
             np.testing.assert_array_equal(payload.arrays[name], value, err_msg=name)
 
@@ -467,8 +470,10 @@ def test_master_runs_synchronized_steps_and_redoes_one_a_worker_leaves() -> None
     assert again.global_.meta == payload.meta and again.steps_ == 1
     np.testing.assert_array_equal(again.global_.arrays["beta"], payload.arrays["beta"])
 
-    # The round budget (13) ends mid-step: the final payload is the weights, not statistics.
-    final = phase(steps, mid, round_=13)
+    # The budget is in steps (13 // 5 = 2): round 13 ends nothing; the rounds' hard cap (2 x 13)
+    # ends a step midway, and the final payload is the weights, not statistics.
+    assert not server.budget_spent(13) and server.total_steps == 2
+    final = phase(steps, mid, round_=26)
     assert final.meta["phase"] == 0 and set(final.arrays) == set(payload.arrays)
 
 

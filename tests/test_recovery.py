@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import MakeConfig, Procs, events, wait_for
+from tests.conftest import ROOT, MakeConfig, Procs, events, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -135,6 +135,8 @@ def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
     assert [e for e in events(out, "register") if e["worker"] == "w2" and e["rejoin"]]
     assert "back to w" in procs.log("w1") + procs.log("w3")  # went back to a snapshot
     assert "back to its own state" in procs.log("w2")  # the restarted w2 carried on
+    for w in WORKERS:  # torch was never handed a read-only received array to share
+        assert "not writable" not in procs.log(w), procs.log(w)
     calm_model, hit_model = _model(calm_dir / "out"), _model(out)
     assert calm_model.keys() == hit_model.keys()
     for name, array in calm_model.items():
@@ -142,3 +144,35 @@ def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
             f"{name}: max |diff| {np.abs(array - hit_model[name]).max()}")
     # The job is over: the workers' snapshots are gone with it.
     assert not list((out / "workers").glob("*/round-*.npz"))
+
+
+def test_clear_ends_a_refused_worker_and_a_master_whose_workers_are_gone(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """A resumed master whose workers never come back says why and exits non-zero (it does not
+    wait forever); a worker the master refuses prints one line naming the reason, no
+    traceback, and exits non-zero."""
+    cfg = make_config(tmp_path, workers=2, rounds=60, heartbeat_timeout=1, join_timeout=4,
+                      model=JOBS["mlp"]["model"], data={"task": "multiclass"})
+    out = tmp_path / "out"
+    procs.master(cfg)
+    for w in ("w1", "w2"):
+        procs.worker(cfg, w)
+    wait_for(lambda: len(_rounds(out)) >= 2, 300, "round 2", procs.check_alive_or_ok)
+    for name in ("w1", "w2", "master"):
+        procs.procs[name].send_signal(signal.SIGKILL)
+        procs.procs.pop(name).wait(timeout=10)
+
+    master = procs.master(cfg, "--resume", name="master2")
+    own = tmp_path / "own.jsonl"  # a stranger's documents: w9 is in no worker list
+    rows = (ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl").read_text().splitlines()
+    own.write_text("\n".join(rows[:30]) + "\n")
+    stranger = procs.worker(cfg, "w9", "--data", str(own))
+    assert stranger.wait(timeout=120) != 0
+    said = procs.log("w9")
+    assert "Traceback" not in said, said
+    (error,) = [line for line in said.splitlines() if line.startswith("Error:")]
+    assert "refused w9" in error and "not in this cluster's worker list" in error
+
+    assert master.wait(timeout=120) != 0
+    assert "no worker has been heard from" in procs.log("master2")
+    assert (out / "checkpoint.npz").exists()  # kept, to resume once the workers are back

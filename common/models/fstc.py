@@ -736,8 +736,8 @@ class FSTCClusterer:
         if self._optimizer is None:
             self._optimizer = self._make_optimizer()
         align = self.variant == "fstc" and global_centers is not None and self.align_weight > 0
-        target = (torch.as_tensor(np.asarray(global_centers, dtype=np.float32),
-                                  device=self.device) if align else None)
+        target = (torch.tensor(np.asarray(global_centers, dtype=np.float32),
+                               device=self.device) if align else None)  # a copy: read-only in
         use_neighbors = self.neighbors > 0 and self.neighbor_weight > 0 and n > 1
         if use_neighbors and getattr(self, "neighbors_", np.empty((0, 0))).shape[0] != n:
             # Mined once, on the representations as they start (SCAN's choice): with a frozen

@@ -159,7 +159,9 @@ class SyncBNStep:
         t = self.a
         inv = torch.as_tensor(1.0 / np.sqrt(np.asarray(stats["var"]) + eps), dtype=t.dtype,
                               device=t.device)
-        mean = torch.as_tensor(np.asarray(stats["mean"]), dtype=t.dtype, device=t.device)
+        # A copy (torch.tensor, not as_tensor): the published arrays are read-only views of
+        # the received frames, which torch must not share.
+        mean = torch.tensor(np.asarray(stats["mean"]), dtype=t.dtype, device=t.device)
         return ((x.detach() - mean) * inv).requires_grad_(), inv
 
     # hand-written: batch norm's input gradient from the union's sums, as SyncBatchNorm's backward
