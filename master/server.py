@@ -107,6 +107,7 @@ class Master:
         self._next_announce = 0.0
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
+        self._training_since = 0.0  # when training started (or resumed)
         self._budget_logged = False
         self._absent: set[str] = set()  # warned of once, until they report again
         self.pub: zmq.Socket | None = None
@@ -427,6 +428,7 @@ class Master:
         # collector's sight, a full collection in the middle of a round takes under 1 ms, not
         # the 100-340 ms measured with it in view.
         gc.freeze()
+        self._training_since = time.monotonic()
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
 
@@ -435,7 +437,9 @@ class Master:
         a resumed master whose workers are gone): waiting longer would be forever."""
         if not self.workers:
             return False
-        last = max(w.last_seen for w in self.workers.values())
+        # Counted from the start of training at the earliest: a long setup (or a resume) held
+        # this loop, not the workers.
+        last = max(self._training_since, *(w.last_seen for w in self.workers.values()))
         return now - last > self.cfg.heartbeat_timeout + self.cfg.join_timeout
 
     def _setup_family(self) -> bool:
@@ -661,6 +665,7 @@ class Master:
             if (e["event"], e.get("round"), e.get("worker")) not in logged:
                 self.metrics.write(**e)
         self._resume_at = now + C.RESUME_GRACE
+        self._training_since = now
         self._checkpoints.written_base = m.get("resume_base")
         if self.family.budget_spent(done) or self.family.finished():
             self.round, self.phase = done, REPORTING
