@@ -413,27 +413,31 @@ def _close_round_with_metrics(t: Training, metrics: dict[str, Any]) -> None:
     assert master.ping("w1").body["round"] == rnd + 1
 
 
-def test_bad_metrics_do_not_kill_master(fresh_master: Callable[..., RawMaster]) -> None:
-    """Two inputs that once took the master down at a round's close, a round each on one
-    master: a metric named `round` (round 1), a metric that is not a number (round 2)."""
-    master = fresh_master()
+def _fetch_open_round(master: RawMaster, rnd: int) -> Training:
+    fetched = master.send("fetch", {"worker_id": "w1"})
+    assert fetched.kind == "model" and fetched.body["round"] == rnd, fetched
+    return Training(master, {n: np.array(a) for n, a in fetched.arrays.items()},
+                    int(fetched.body["version"]))
+
+
+def test_bad_metrics_and_report_do_not_kill_master(fresh_master: Callable[..., RawMaster]
+                                                   ) -> None:
+    """Three inputs that once took the master down, one master through its whole job: a
+    metric named `round` (round 1's close), a metric that is not a number (round 2's), a
+    report whose score is not a number (after round 3)."""
+    master = fresh_master(rounds=3)
     t = _drive_into_training(master)
     _close_round_with_metrics(t, {"macro_f1": 0.5, "round": 7})
     assert [e["round"] for e in wait_for(lambda: events(master.out, "round"), 30,
                                          "round 1's event")] == [1]
-    fetched = master.send("fetch", {"worker_id": "w1"})
-    assert fetched.kind == "model" and fetched.body["round"] == 2, fetched
-    t = Training(master, {n: np.array(a) for n, a in fetched.arrays.items()},
-                 int(fetched.body["version"]))
-    _close_round_with_metrics(t, {"macro_f1": 0.5, "train_time": "slow"})
+    _close_round_with_metrics(_fetch_open_round(master, 2),
+                              {"macro_f1": 0.5, "train_time": "slow"})
 
-
-def test_bad_report_does_not_kill_master(fresh_master: Callable[..., RawMaster]) -> None:
-    master = fresh_master(rounds=1)
-    t = _drive_into_training(master)
+    t = _fetch_open_round(master, 3)
     for w in ("w1", "w2"):
-        assert t.update(w).kind == "ack"
-    wait_for(lambda: events(master.out, "round"), 30, "round 1 to close")
+        assert t.update(w, round=3).kind == "ack"
+    wait_for(lambda: not master.alive() or master.ping("w1").body["phase"] != "training", 30,
+             "round 3 to close")
     good = {"federated": {"macro_f1": 0.5, "accuracy": 0.9}, "local_only": None,
             "n_train": 10, "n_test": 5}
     bad = master.send("report", {"worker_id": "w1", "report": {**good,
@@ -448,6 +452,7 @@ def test_bad_report_does_not_kill_master(fresh_master: Callable[..., RawMaster])
         pytest.fail(f"the master did not finish:\n{master.tail()}")
     assert master.proc.returncode == 0, master.tail(6)
     assert (master.out / "summary.json").exists()
+    assert [e["round"] for e in events(master.out, "round")] == [1, 2, 3]
 
 
 def test_bad_register_info_does_not_kill_master(fresh_master: Callable[..., RawMaster]) -> None:
