@@ -143,7 +143,7 @@ def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
         assert np.array_equal(array, hit_model[name]), (
             f"{name}: max |diff| {np.abs(array - hit_model[name]).max()}")
     # The job is over: the workers' snapshots are gone with it.
-    assert not list((out / "workers").glob("*/round-*.npz"))
+    assert not (out / "workers").exists()
 
 
 def test_clear_ends_a_refused_worker_and_a_master_whose_workers_are_gone(

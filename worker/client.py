@@ -10,6 +10,7 @@ for a round it has not received fetches the model over REQ instead.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import shutil
@@ -404,6 +405,8 @@ class Worker:
         self._request(M.REPORT, {"report": report})
         if self.snapshots is not None:  # the job is over: nothing left to go back to
             shutil.rmtree(self.snapshots.folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # workers/, once the last worker is done
+                self.snapshots.folder.parent.rmdir()
         log.info("%s done: federated %s%s", self.worker_id, headline(federated),
                  f", local-only {headline(local_only)}" if local_only else "")
         return report
