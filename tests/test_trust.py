@@ -57,9 +57,11 @@ def _endpoints(config: Path) -> tuple[str, str, Path]:
             Path(raw["security"]["keys_dir"]))
 
 
-def _run(procs: Procs, config: Path, attack: Any = None) -> tuple[dict[str, Any], int]:
+def _run(procs: Procs, config: Path, attack: Any = None, workers_config: Path | None = None
+         ) -> tuple[dict[str, Any], int]:
     """Master and honest w2, w3 as processes (and the attack, if any, on a thread); returns
-    summary.json and the master's peak resident memory."""
+    summary.json and the master's peak resident memory. The workers read ``workers_config``
+    where given (default: the master's)."""
     master = procs.master(config)
     rss = RssWatch(master.pid)
     rss.start()
@@ -68,7 +70,7 @@ def _run(procs: Procs, config: Path, attack: Any = None) -> tuple[dict[str, Any]
         thread = threading.Thread(target=attack, daemon=True)
         thread.start()
     for w in ("w2", "w3"):
-        procs.worker(config, w)
+        procs.worker(workers_config or config, w)
     codes = procs.wait_all(timeout=240)
     peak = rss.stop()
     if thread is not None:
@@ -199,10 +201,15 @@ LEARNING = {"model": {"family": "mlp", "lr": 0.01}, "data": {"task": "multiclass
 
 def test_a_hostile_member_changes_nothing_for_the_honest_ones(
         tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
-    # Undisturbed: w1 never comes; the master starts with w2 and w3 after join_timeout.
+    # Undisturbed: w1 never comes; the master starts with w2 and w3 once both have registered
+    # and join_timeout has passed since the first did. The workers keep a long join_timeout:
+    # they also take it for the longest silence they accept from the master.
     keys = tmp_path / "keys"
-    calm = _config(make_config, tmp_path / "calm", keys, join_timeout=5, **LEARNING)
-    calm_summary, calm_peak = _run(procs, calm)
+    calm = _config(make_config, tmp_path / "calm", keys, join_timeout=2, **LEARNING)
+    patient = calm.with_name("workers.yaml")
+    patient.write_text(yaml.safe_dump({**yaml.safe_load(calm.read_text()), "join_timeout": 60},
+                                      sort_keys=False))
+    calm_summary, calm_peak = _run(procs, calm, workers_config=patient)
     procs.stop_all()
 
     hostile_dir = tmp_path / "hostile"
