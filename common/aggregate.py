@@ -126,3 +126,47 @@ def all_finite(a: np.ndarray) -> bool:
         if not np.isfinite(flat[lo:hi], out=mask[: hi - lo]).all():
             return False
     return True
+
+
+# --------------------------------------------------------------------------------------------
+# Robust statistics of the clients' arrays (FedMedian, trimmed mean, Krum). Unweighted, as in
+# Flower (flwr/server/strategy/aggregate.py): a robust rule must not let a client's claimed
+# sample count buy it influence.
+# --------------------------------------------------------------------------------------------
+def coordinate_median(arrays: Sequence[Arrays]) -> dict[str, np.ndarray]:
+    """The coordinate-wise median of the clients' arrays, each in its own dtype."""
+    if not arrays:
+        raise ValueError("nothing to aggregate")
+    return {name: np.median(np.stack([np.asarray(a[name]) for a in arrays]), axis=0)
+            .astype(np.asarray(arrays[0][name]).dtype, copy=False) for name in arrays[0]}
+
+
+def trimmed_mean(arrays: Sequence[Arrays], beta: float) -> dict[str, np.ndarray]:
+    """The coordinate-wise mean of what is left after cutting ``int(beta · n)`` of the ``n``
+    values from each end (scipy's ``trim_mean``, as Flower's FedTrimmedAvg computes it)."""
+    from scipy.stats import trim_mean
+
+    if not arrays:
+        raise ValueError("nothing to aggregate")
+    if not 0 <= beta < 0.5:
+        raise ValueError(f"beta must be in [0, 0.5), got {beta}")
+    return {name: np.asarray(trim_mean(np.stack([np.asarray(a[name]) for a in arrays]), beta,
+                                       axis=0))
+            .astype(np.asarray(arrays[0][name]).dtype, copy=False) for name in arrays[0]}
+
+
+def krum_scores(arrays: Sequence[Arrays], num_malicious: int) -> np.ndarray:
+    """Krum's score of each client (Blanchard et al. 2017): the sum of the squared distances
+    from its arrays (all of them, as one vector) to its ``n − f − 2`` nearest (at least 1)."""
+    n = len(arrays)
+    if n == 0:
+        raise ValueError("nothing to aggregate")
+    # ||x_i − x_j||² = |x_i|² + |x_j|² − 2 x_i·x_j, from the Gram matrix, array by array.
+    gram = np.zeros((n, n))
+    for name in arrays[0]:
+        flat = np.stack([np.asarray(a[name], dtype=np.float64).reshape(-1) for a in arrays])
+        gram += flat @ flat.T
+    sq = np.diag(gram)
+    dist = np.maximum(sq[:, None] + sq[None, :] - 2 * gram, 0.0)
+    closest = max(1, n - num_malicious - 2)
+    return np.array([np.sort(np.delete(dist[i], i))[:closest].sum() for i in range(n)])

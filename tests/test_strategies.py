@@ -182,7 +182,8 @@ def test_strategies_have_no_server_state():
 def test_make_strategy_by_name():
     assert isinstance(make_strategy("mean"), MeanPooling)
     assert isinstance(make_strategy("fedavg"), FedAvg)
-    assert set(STRATEGIES) == {"mean", "fedavg", "fedadagrad", "fedyogi", "fedadam"}
+    assert set(STRATEGIES) == {"mean", "fedavg", "fedadagrad", "fedyogi", "fedadam", "fedavgm",
+                               "fedmedian", "fedtrimmedavg", "krum"}
     for name, cls in STRATEGIES.items():
         s = make_strategy(name)
         assert isinstance(s, Strategy) and type(s) is cls and s.name == name
@@ -194,7 +195,8 @@ def test_make_strategy_unknown_name_lists_known_ones(name):
         make_strategy(name)
     msg = str(info.value)
     assert repr(name) in msg
-    assert "known: fedadagrad, fedadam, fedavg, fedyogi, mean" in msg
+    assert ("known: fedadagrad, fedadam, fedavg, fedavgm, fedmedian, fedtrimmedavg, fedyogi, "
+            "krum, mean") in msg
     assert "\n" not in msg
 
 
@@ -335,3 +337,79 @@ def test_buffer_pool_is_bounded_when_everything_is_held():
     assert len(pool._buffers["x"]) == 2
     for k in kept:
         np.testing.assert_allclose(k, [3.0, 4.0])
+
+
+# ---------------------------------------------------------------------------- robust and momentum
+def _one(values: list[float], ns: list[int] | None = None) -> list[ClientResult]:
+    return results([{"x": np.array([v], dtype=np.float32)} for v in values],
+                   ns or [1] * len(values))
+
+
+def test_fedavgm_two_steps_by_hand_and_state_roundtrip():
+    from master.strategies import FedAvgM
+
+    clients = results([{"x": np.array([3.0, 4.0])}, {"x": np.array([5.0, 6.0])}], [1, 3])
+    s = FedAvgM(server_learning_rate=0.5, server_momentum=0.9)
+    # mean (4.5, 5.5); delta = x - mean = -3.5; v = delta; x = x - 0.5 v = (2.75, 3.75)
+    x1 = s.aggregate({"x": np.array([1.0, 2.0])}, clients)
+    np.testing.assert_allclose(x1["x"], [2.75, 3.75])
+    again = FedAvgM(server_learning_rate=0.5, server_momentum=0.9)
+    again.load_state(s.state())
+    # delta = (2.75 - 4.5) = -1.75; v = 0.9 (-3.5) - 1.75 = -4.9; x = 2.75 + 2.45 = 5.2
+    x2 = again.aggregate(x1, clients)
+    np.testing.assert_allclose(x2["x"], [5.2, 6.2])
+    # The defaults are FedAvg.
+    np.testing.assert_allclose(FedAvgM().aggregate({"x": np.array([1.0, 2.0])}, clients)["x"],
+                               FedAvg().aggregate({}, clients)["x"])
+    with pytest.raises(ValueError, match="server_momentum"):
+        FedAvgM(server_momentum=1.0)
+
+
+def test_fedmedian_by_hand_ignores_claimed_sample_counts():
+    out = make_strategy("fedmedian").aggregate({}, results(
+        [{"x": np.array([1.0, 10.0])}, {"x": np.array([2.0, 20.0])},
+         {"x": np.array([100.0, -5.0])}], [1, 1, 10**6]))
+    np.testing.assert_array_equal(out["x"], [2.0, 10.0])
+    four = make_strategy("fedmedian").aggregate({}, _one([1, 2, 3, 100]))
+    assert four["x"].dtype == np.float32 and four["x"][0] == 2.5
+
+
+def test_trimmed_mean_cuts_int_beta_n_from_each_end():
+    assert make_strategy("fedtrimmedavg").aggregate({}, _one([4, 1, 100, 3, 2]))["x"][0] == 3
+    # beta 0.1 of 5 cuts int(0.5) = 0 values: the plain mean
+    assert make_strategy("fedtrimmedavg", beta=0.1).aggregate(
+        {}, _one([4, 1, 100, 3, 2]))["x"][0] == 22
+    with pytest.raises(ValueError, match="beta"):
+        make_strategy("fedtrimmedavg", beta=0.5)
+
+
+def test_krum_and_multi_krum_by_hand():
+    from master.strategies import Krum
+
+    # Squared distances on a line 0, 1, 2, 10; n - f - 2 = 2 nearest: scores 5, 2, 5, 145.
+    four = _one([0, 1, 2, 10], [1, 1, 1, 1])
+    krum = Krum()
+    assert krum.aggregate({}, four)["x"][0] == 1 and krum.last_kept_ == ["w2"]
+    # Multi-Krum keeps the best two, w2 and (tied with w3, first in worker order) w1.
+    multi = Krum(num_clients_to_keep=2)
+    assert multi.aggregate({}, four)["x"][0] == 0.5 and multi.last_kept_ == ["w2", "w1"]
+    # f = 1: one nearest neighbour each: scores 1, 1, 1, 64
+    assert Krum(num_malicious_clients=1).aggregate({}, four)["x"][0] == 0
+    with pytest.raises(ValueError, match="num_malicious_clients"):
+        Krum(num_malicious_clients=-1)
+
+
+@pytest.mark.parametrize("name, params", [("fedmedian", {}), ("fedtrimmedavg", {"beta": 0.2}),
+                                          ("krum", {"num_malicious_clients": 1})])
+def test_one_hostile_client_of_five_cannot_move_a_robust_rule(name, params):
+    """Four honest updates near 1, one sign-flipped and scaled x10 (claiming many samples):
+    FedAvg goes far off; the robust rules stay within the honest ones' range."""
+    rng = np.random.default_rng(0)
+    honest = [{"x": (1 + 0.05 * rng.standard_normal(50)).astype(np.float32)} for _ in range(4)]
+    hostile = {"x": -10 * honest[0]["x"]}
+    clients = results([*honest, hostile], [100, 100, 100, 100, 1000])
+    low = np.min([h["x"] for h in honest], axis=0)
+    high = np.max([h["x"] for h in honest], axis=0)
+    assert (FedAvg().aggregate({}, clients)["x"] < 0).all()
+    out = make_strategy(name, **params).aggregate({}, clients)["x"]
+    assert ((out >= low) & (out <= high)).all()

@@ -10,12 +10,17 @@ from master.strategies.base import ClientResult, Strategy
 from master.strategies.fedadagrad import FedAdagrad
 from master.strategies.fedadam import FedAdam
 from master.strategies.fedavg import FedAvg
+from master.strategies.fedavgm import FedAvgM
+from master.strategies.fedmedian import FedMedian
 from master.strategies.fedopt import FedOpt
+from master.strategies.fedtrimmedavg import FedTrimmedAvg
 from master.strategies.fedyogi import FedYogi
+from master.strategies.krum import Krum
 from master.strategies.mean_pooling import MeanPooling
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (MeanPooling, FedAvg, FedAdagrad, FedYogi, FedAdam)
+    cls.name: cls for cls in (MeanPooling, FedAvg, FedAdagrad, FedYogi, FedAdam, FedAvgM,
+                              FedMedian, FedTrimmedAvg, Krum)
 }
 
 
@@ -37,9 +42,11 @@ def strategy_class(name: str) -> type[Strategy]:
 
 def make_strategy(name: str, **params: Any) -> Strategy:
     """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``, ``fedadagrad``,
-    ``fedyogi``, ``fedadam``, or a plug-in's) with its keyword parameters."""
+    ``fedyogi``, ``fedadam``, ``fedavgm``, ``fedmedian``, ``fedtrimmedavg``, ``krum``, or a
+    plug-in's) with its keyword parameters."""
     return strategy_class(name)(**params)
 
 
 __all__ = ["ClientResult", "Strategy", "STRATEGIES", "strategy_class", "make_strategy", "FedAvg",
-           "MeanPooling", "FedOpt", "FedAdagrad", "FedYogi", "FedAdam"]
+           "MeanPooling", "FedOpt", "FedAdagrad", "FedYogi", "FedAdam", "FedAvgM", "FedMedian",
+           "FedTrimmedAvg", "Krum"]
