@@ -167,23 +167,23 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
     job open by pausing w2 (SIGSTOP) right after it registers: the round it is in cannot close
     without it (min_workers=2, and w1 alone is 1). Once w3 has registered, w2 resumes.
 
-    w2 runs with its own copy of the config with a long join_timeout: a worker also uses
-    join_timeout as the longest silence it accepts from the master, and a paused process hears
-    nothing (its ZeroMQ I/O thread is paused too), so on resuming it could take its own pause
-    for the master's silence.
+    The workers run with their own copy of the config with a long join_timeout: a worker
+    also uses join_timeout as the longest silence it accepts from the master, and a paused
+    process hears nothing (its ZeroMQ I/O thread is paused too), so on resuming w2 could take
+    its own pause for the master's silence (and w1 and w3 need not be as hasty as the master).
     """
     rounds = 6
     # join_timeout: the master starts with min_workers this long after the first registration;
     # local_epochs slows rounds a little so that pausing w2 lands before the job could end.
-    cfg = make_config(tmp_path, workers=3, rounds=rounds, min_workers=2, join_timeout=5,
+    cfg = make_config(tmp_path, workers=3, rounds=rounds, min_workers=2, join_timeout=2,
                       model={"family": "mlp", "local_epochs": 20})
     raw = yaml.safe_load(cfg.read_text())
     rep = f"tcp://127.0.0.1:{raw['master']['rep_port']}"
-    patient = tmp_path / "w2.yaml"
+    patient = tmp_path / "workers.yaml"
     patient.write_text(yaml.safe_dump({**raw, "join_timeout": 300}, sort_keys=False))
     out = tmp_path / "out"
     procs.master(cfg)
-    procs.worker(cfg, "w1")
+    procs.worker(patient, "w1")
     w2 = procs.worker(patient, "w2")
     paused = False
     try:
@@ -199,7 +199,7 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
 
         wait_for(training, 60, "the master to start training", procs.check_alive_or_ok)
         assert "w3" not in {e["worker"] for e in events(out, "register")}
-        procs.worker(cfg, "w3")
+        procs.worker(patient, "w3")
         wait_for(lambda: [e for e in events(out, "register") if e["worker"] == "w3"], 120,
                  "w3 to register", procs.check_alive_or_ok)
     finally:
