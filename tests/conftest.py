@@ -243,6 +243,21 @@ class Procs:
             fh.close()
 
 
+def run_job(config: Path, logs: Path, cache_dir: Path,
+            workers: tuple[str, ...] = ("w1", "w2", "w3"), timeout: float = 400) -> None:
+    """Run a job to its end (``fedctl master`` and one ``fedctl worker`` each, logs in
+    ``logs``) and fail the test, with the logs' tails, unless every process exits 0."""
+    procs = Procs(logs, cache_dir)
+    try:
+        procs.master(config)
+        for w in workers:
+            procs.worker(config, w)
+        codes = procs.wait_all(timeout=timeout)
+        assert set(codes.values()) == {0}, procs.logs_tail()
+    finally:
+        procs.stop_all()
+
+
 @pytest.fixture
 def procs(tmp_path: Path, embed_cache: Path) -> Iterator[Procs]:
     """A :class:`Procs` whose processes are all killed when the test ends."""

@@ -21,7 +21,7 @@ import yaml
 import zmq
 
 from common.net.wire import decode, encode
-from tests.conftest import MakeConfig, Procs, config_dict, events, wait_for
+from tests.conftest import MakeConfig, Procs, config_dict, events, run_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +76,7 @@ def undisturbed(tmp_path_factory: pytest.TempPathFactory, embed_cache: Path) -> 
                       min_workers=2, model=SLOW, data=DATA)
     cfg = base / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-    procs = Procs(base / "logs", embed_cache)
-    try:
-        _run_whole(procs, cfg)
-        codes = procs.wait_all(timeout=300)
-        assert set(codes.values()) == {0}, procs.logs_tail()
-    finally:
-        procs.stop_all()
+    run_job(cfg, base / "logs", embed_cache, timeout=300)
     return cfg
 
 

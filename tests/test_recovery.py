@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, MakeConfig, Procs, events, wait_for
+from tests.conftest import ROOT, MakeConfig, Procs, events, run_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -70,14 +70,7 @@ def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
     # Undisturbed.
     calm_dir = tmp_path / "calm"
     calm_dir.mkdir()
-    calm = make_config(calm_dir, workers=3, **PATIENT, **job)
-    procs = Procs(calm_dir / "logs", embed_cache)
-    try:
-        _run(procs, calm)
-        codes = procs.wait_all(timeout=400)
-        assert set(codes.values()) == {0}, procs.logs_tail()
-    finally:
-        procs.stop_all()
+    run_job(make_config(calm_dir, workers=3, **PATIENT, **job), calm_dir / "logs", embed_cache)
     expected_rounds = _rounds(calm_dir / "out")
 
     # The master killed after round 2 and resumed; then w2 killed and restarted. The workers
