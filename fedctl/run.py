@@ -160,6 +160,8 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
             f1 = e.get("mean_macro_f1")
             bar.set_postfix_str(f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
                                 if f1 is not None else "")
+            if bar.total is not None and bar.n >= bar.total:
+                bar.total = bar.n + 1  # a redone synchronous step takes rounds past `rounds`
             bar.update(1)
         seen = max(seen, len(rounds))
         failed = cluster.failed()
