@@ -347,6 +347,7 @@ def main() -> None:
             r["trained"] = r["summary"]["trained"] if r["summary"] else None
             n = len(r["rounds"])
             r["rounds_each_once"] = r["rounds"] == list(range(1, n + 1))
+            r["rounds"] = n  # the count, not the list: every round is logged once or not
         results[fam] = {"score_metric": job["score"], "config": job["cfg"], "runs": runs}
     wall = time.monotonic() - t_all
 
@@ -361,7 +362,7 @@ def main() -> None:
             diff = r["max_abs_diff"]
             ok = [c for c in r["exit_codes"].values()]
             rows.append(
-                f"| {fam} | {RUN_NAMES[kind]} | {len(r['rounds'])}/{planned}"
+                f"| {fam} | {RUN_NAMES[kind]} | {r['rounds']}/{planned}"
                 f"{'' if r['rounds_each_once'] else ' (not each once)'} | "
                 f"{r.get('killed_after_round', '—')}"
                 f"{resumed(r)} | {steps} | "
@@ -384,7 +385,10 @@ def main() -> None:
         f"Worker kill: w1 and w3 paused, w2 SIGKILLed and started again 3 s later. "
         f"Max |Δ|: the largest absolute difference of any array of `model.npz` against the "
         f"undisturbed run (0: bit-identical). Score: mean over the workers of the federated "
-        f"column, undisturbed → this run. Work folder: `{work}`.",
+        f"column, undisturbed → this run. Exit codes: master (and resumed master), then the "
+        f"workers; -9 is the process killed on purpose. prodlda's budget is in steps (5 rounds "
+        f"a step): a step a kill caught midway is redone, so it logs a few rounds past its "
+        f"plan, each once, for the same 300 steps. Work folder: `{work}`.",
         "",
         "| family | run | rounds logged | killed after round (resumed from) | trained "
         "| max \\|Δ\\| | score | exit codes | Traceback / not writable in worker logs | failure |",
