@@ -385,9 +385,10 @@ def main() -> None:
         f"Worker kill: w1 and w3 paused, w2 SIGKILLed and started again 3 s later. "
         f"Max |Δ|: the largest absolute difference of any array of `model.npz` against the "
         f"undisturbed run (0: bit-identical). Score: mean over the workers of the federated "
-        f"column, undisturbed → this run. Exit codes: master (and resumed master), then the "
-        f"workers; -9 is the process killed on purpose. prodlda's budget is in steps (5 rounds "
-        f"a step): a step a kill caught midway is redone, so it logs a few rounds past its "
+        f"column, undisturbed → this run. Exit codes: the killed process first (-9, killed on "
+        f"purpose), then the master, the workers and the restarted one (JSON: by name). "
+        f"prodlda's budget is in steps (5 rounds a step): a step a kill caught midway is "
+        f"redone, so it logs a few rounds past its "
         f"plan, each once, for the same 300 steps. Work folder: `{work}`.",
         "",
         "| family | run | rounds logged | killed after round (resumed from) | trained "
