@@ -307,7 +307,9 @@ class Master:
         written = self._checkpoints.written_base
         keep = base if not self.cfg.checkpoint_every else min(base, written or 0)
         body = {"run_id": self.run_id, "phase": self.phase, "round": self.round,
-                "version": self.version, "meta": payload.meta, "deadline_s": deadline,
+                "version": self.version, "deadline_s": deadline,
+                # What the strategy asks of the workers (FedProx's proximal_mu) rides along.
+                "meta": {**payload.meta, **self.family.strategy.client_settings()},
                 "participants": self.open.participants if self.open else [],
                 "base": base, "keep": keep,
                 "sent_at": time.time()}  # wall clock: latency on one machine's loopback

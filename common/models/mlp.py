@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from common.eval.classification import classification_metrics
+from common.models.proximal import anchor_of, proximal_term
 from common.state import generator_state, set_generator_state
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
@@ -159,8 +160,12 @@ class MLPClassifier:
         set_generator_state(self._gen, state["shuffle"])
 
     # -- scikit-learn style ----------------------------------------------------------------
-    def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None) -> MLPClassifier:
-        """Run ``epochs`` (default ``self.epochs``) passes of mini-batch training."""
+    def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None,
+            proximal_mu: float = 0.0) -> MLPClassifier:
+        """Run ``epochs`` (default ``self.epochs``) passes of mini-batch training; with
+        ``proximal_mu`` > 0 the loss has FedProx's ``μ/2 · ‖w − w_start‖²``, w_start the
+        weights this call started from."""
+        anchor = anchor_of(self.model_.parameters(), proximal_mu)
         x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
         y_t = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
         n = len(x_t)
@@ -173,9 +178,11 @@ class MLPClassifier:
                 idx = order[start:start + self.batch_size]
                 self.optimizer_.zero_grad(set_to_none=True)
                 loss = loss_fn(self.model_(x_t[idx]), y_t[idx])
+                total += loss.item() * len(idx)  # the data's loss, without the proximal term
+                if anchor is not None:
+                    loss = loss + proximal_term(self.model_.parameters(), anchor, proximal_mu)
                 loss.backward()
                 self.optimizer_.step()
-                total += loss.item() * len(idx)
             self.last_loss_ = total / max(n, 1)
         return self
 

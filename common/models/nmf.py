@@ -31,6 +31,7 @@ from sklearn.decomposition import non_negative_factorization
 from torch import nn
 
 from common.eval.topics import svm_scores, top_words
+from common.models.proximal import anchor_of, proximal_term
 from common.models.smile import SmileCritic
 from common.state import generator_state, set_generator_state
 
@@ -379,7 +380,7 @@ class SGDNMF:
 
     # -- scikit-learn style -----------------------------------------------------------------
     def fit(self, X: sp.spmatrix | np.ndarray, epochs: int | None = None,
-            doc_topic: np.ndarray | None = None) -> SGDNMF:
+            doc_topic: np.ndarray | None = None, proximal_mu: float = 0.0) -> SGDNMF:
         """Run ``epochs`` (default ``self.epochs``) passes of mini-batch training on X.
 
         Parameters
@@ -390,6 +391,10 @@ class SGDNMF:
         doc_topic : array of shape (n_docs, n_topics) or None, default None
             Initial H (non-negative); default: H of the previous call if it had n_docs
             documents, else random.
+        proximal_mu : float, default 0.0
+            FedProx: ``μ/2 · ‖C − C_start‖²`` joins the loss, C_start the topics this call
+            started from. H is the worker's own and is not held back; nor is the critic,
+            whose gradient the MI step rescales.
         """
         self._check_keeps_scale()  # mi_weight may have been set since __init__
         X = sp.csr_matrix(X, dtype=np.float32)
@@ -407,6 +412,7 @@ class SGDNMF:
         elif self._H is None or self._H.num_embeddings != n:
             self._init_doc_topic(n, mean)
         self._optimizers()
+        anchor = anchor_of([self._C], proximal_mu)
         lam = self.mi_weight
         for _ in range(self.epochs if epochs is None else epochs):
             order = torch.randperm(n, generator=self._gen)
@@ -426,6 +432,8 @@ class SGDNMF:
                     h_mi = hb.detach().requires_grad_(True) if apart else hb
                     mi = self.critic_.bound(*_critic_inputs(xb, h_mi), self.tau)
                     loss = recon - lam * mi
+                if anchor is not None:
+                    loss = loss + proximal_term([self._C], anchor, proximal_mu)
                 self._opt.zero_grad(set_to_none=True)
                 self._opt_h.zero_grad(set_to_none=True)
                 if use_mi:

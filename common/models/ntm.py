@@ -51,6 +51,7 @@ from common.models.ntm_sync_bn import (
     merge_moments,
     moved_running_stats,
 )
+from common.models.proximal import proximal_term
 from common.state import generator_state, set_generator_state
 
 __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
@@ -569,14 +570,19 @@ class NeuralTopicModel:
         return self.apply_gradients(update)
 
     def step(self, X: Any, ctx: np.ndarray | None, rows: np.ndarray,
-             doc_ids: np.ndarray | None = None) -> float:
-        """One local Adam step on rows ``rows``; the batch's mean loss."""
+             doc_ids: np.ndarray | None = None, anchor: Sequence[torch.Tensor] | None = None,
+             proximal_mu: float = 0.0) -> float:
+        """One local Adam step on rows ``rows``; the batch's mean loss. With ``anchor`` (the
+        trainable parameters' values at the round's start), FedProx's ``μ/2 · ‖w − anchor‖²``
+        joins the loss (not the loss returned)."""
         self.optimizer_.zero_grad(set_to_none=True)
         loss = self.batch_loss(X, ctx, rows, doc_ids)
+        self.last_loss_ = float(loss.detach())
+        if anchor is not None:
+            loss = loss + proximal_term(self._trainable(), anchor, proximal_mu)
         loss.backward()
         self.optimizer_.step()
         self.steps_ += 1
-        self.last_loss_ = float(loss.detach())
         return self.last_loss_
 
     # ------------------------------------------------------------------ sklearn API

@@ -31,6 +31,11 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
         strategy = make_strategy(cfg.strategy["name"], **cfg.strategy_params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{cfg.source}: strategy: {exc}") from None
+    unmet = sorted(set(strategy.client_settings()) - cls.client_settings)
+    if unmet:
+        raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs the workers to apply "
+                          f"{', '.join(unmet)}, which {cls.name}'s workers do not (families "
+                          f"that do: mlp, nmf, prodlda / combinedtm in mode fedavg)")
     return cls(cfg, strategy)
 
 

@@ -49,6 +49,9 @@ class ServerFamily(ABC):
     info_fields: frozenset[str] | None = None
     #: The family learns from labels (a classifier): ``fedctl check`` refuses a file without.
     needs_labels: bool = False
+    #: The strategy settings its workers apply in training (``Strategy.client_settings``, e.g.
+    #: FedProx's ``proximal_mu``); a strategy needing another is refused at start.
+    client_settings: frozenset[str] = frozenset()
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg

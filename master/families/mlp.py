@@ -26,6 +26,7 @@ class MLPServer(ServerFamily):
     """
 
     name = "mlp"
+    client_settings = frozenset({"proximal_mu"})
     info_fields = frozenset({"input_dim", "classes"})
     needs_labels = True
     embeds_text = True

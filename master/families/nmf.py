@@ -52,6 +52,7 @@ class NMFServer(VocabularyServer):
     """
 
     name = "nmf"
+    client_settings = frozenset({"proximal_mu"})
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)

@@ -56,12 +56,17 @@ class ProdLDAServer(VocabularyServer):
     """
 
     name = "prodlda"
+    client_settings = frozenset({"proximal_mu"})
     contextual_size = 0
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
         self.params: NTMParams = build_params(NTMParams, cfg.family_params,
                                               f"{cfg.source}: model")
+        if self.params.mode == "sync" and strategy.client_settings():
+            raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs local training "
+                              f"({', '.join(strategy.client_settings())}); mode sync takes one "
+                              f"synchronous step a round: use model.mode: fedavg")
         per_step = self.params.rounds_per_step
         if cfg.rounds < per_step:  # the run would end having trained nothing
             raise ConfigError(f"{cfg.source}: rounds: {cfg.rounds} round(s) cannot complete one "

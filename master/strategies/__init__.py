@@ -13,6 +13,7 @@ from master.strategies.fedavg import FedAvg
 from master.strategies.fedavgm import FedAvgM
 from master.strategies.fedmedian import FedMedian
 from master.strategies.fedopt import FedOpt
+from master.strategies.fedprox import FedProx
 from master.strategies.fedtrimmedavg import FedTrimmedAvg
 from master.strategies.fedyogi import FedYogi
 from master.strategies.krum import Krum
@@ -20,7 +21,7 @@ from master.strategies.mean_pooling import MeanPooling
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (MeanPooling, FedAvg, FedAdagrad, FedYogi, FedAdam, FedAvgM,
-                              FedMedian, FedTrimmedAvg, Krum)
+                              FedMedian, FedTrimmedAvg, Krum, FedProx)
 }
 
 
@@ -42,11 +43,11 @@ def strategy_class(name: str) -> type[Strategy]:
 
 def make_strategy(name: str, **params: Any) -> Strategy:
     """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``, ``fedadagrad``,
-    ``fedyogi``, ``fedadam``, ``fedavgm``, ``fedmedian``, ``fedtrimmedavg``, ``krum``, or a
-    plug-in's) with its keyword parameters."""
+    ``fedyogi``, ``fedadam``, ``fedavgm``, ``fedmedian``, ``fedtrimmedavg``, ``krum``,
+    ``fedprox``, or a plug-in's) with its keyword parameters."""
     return strategy_class(name)(**params)
 
 
 __all__ = ["ClientResult", "Strategy", "STRATEGIES", "strategy_class", "make_strategy", "FedAvg",
            "MeanPooling", "FedOpt", "FedAdagrad", "FedYogi", "FedAdam", "FedAvgM", "FedMedian",
-           "FedTrimmedAvg", "Krum"]
+           "FedTrimmedAvg", "Krum", "FedProx"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,12 @@ class Strategy(ABC):
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
         """Return the new global parameters."""
+
+    def client_settings(self) -> dict[str, Any]:
+        """What the workers must do for this strategy, sent in every round's ``meta`` (e.g.
+        FedProx's ``proximal_mu``); none by default. A family whose workers cannot honour a
+        setting is refused at start (``ServerFamily.client_settings``)."""
+        return {}
 
     def state(self) -> dict[str, np.ndarray]:
         """Server-side optimizer state, for checkpoints (none by default)."""

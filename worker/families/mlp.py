@@ -62,7 +62,8 @@ class MLPClient(ClientFamily):
         assert self.model is not None, "setup() first"
         self.model.set_arrays(arrays)
         t0 = time.perf_counter()
-        self.model.fit(self.x_train, self.y_train)
+        self.model.fit(self.x_train, self.y_train,
+                       proximal_mu=float(meta.get("proximal_mu", 0.0)))  # FedProx
         train_time = time.perf_counter() - t0
         # Views, not copies (100 MB at 25 M parameters): the update is sent, and acknowledged,
         # before the model is loaded or trained again.

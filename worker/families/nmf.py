@@ -64,7 +64,7 @@ class NMFClient(VocabularyClient):
         assert self.model is not None, "setup() first"
         self.model.set_arrays(arrays)
         t0 = time.perf_counter()
-        self.model.fit(self.x_train)
+        self.model.fit(self.x_train, proximal_mu=float(meta.get("proximal_mu", 0.0)))
         train_time = time.perf_counter() - t0
         metrics = {"train_loss": self.model.last_loss_, "train_time": train_time}
         if math.isfinite(self.model.last_mi_):

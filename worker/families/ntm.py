@@ -38,6 +38,7 @@ from common.eval.topics import (
 )
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
 from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
+from common.models.proximal import anchor_of
 from worker.families.base import FitResult
 from worker.families.vocabulary import VocabularyClient
 
@@ -132,9 +133,11 @@ class ProdLDAClient(VocabularyClient):
             # Local Adam (its state persists across rounds) along the worker's own endless
             # batch order, so that every round sees a fresh permutation.
             n = self.x_train.shape[0]
+            mu = float(meta.get("proximal_mu", 0.0))  # FedProx
+            anchor = anchor_of(self.model._trainable(), mu)
             for _ in range(self.params.local_epochs * -(-n // self.params.batch_size)):
                 rows = next(self.batches)
-                self.model.step(self.x_train, self.c_train, rows, self.doc_ids[rows])
+                self.model.step(self.x_train, self.c_train, rows, self.doc_ids[rows], anchor, mu)
             out = self.model.get_arrays()
         metrics = {"train_loss": self.model.last_loss_, "train_time": time.perf_counter() - t0}
         return FitResult(out, n, metrics)
