@@ -33,6 +33,11 @@ MAX_MESSAGE_BYTES = 256 * 1024**2
 
 #: Most arrays one message may carry.
 MAX_ARRAYS = 1024
+#: Arrays named so belong to the aggregation strategy (SCAFFOLD's control variates), not the
+#: model: a round's payload and an update may carry some beside the model's.
+STRATEGY_ARRAY_PREFIX = "strategy."
+SCAFFOLD_CONTROL = STRATEGY_ARRAY_PREFIX + "c."  #: + a parameter's name: the server's c
+SCAFFOLD_CHANGE = STRATEGY_ARRAY_PREFIX + "dc."  #: + a parameter's name: a worker's Δc_i
 
 #: Default ports of the master.
 DEFAULT_PUB_PORT = 5555

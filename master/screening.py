@@ -103,7 +103,7 @@ def cap_weights(results: Sequence[ClientResult], max_fraction: float | None
         return list(results)
     n = len(results)
     if max_fraction * n < 1:
-        return [ClientResult(r.worker_id, r.arrays, 1) for r in results]
+        return [ClientResult(r.worker_id, r.arrays, 1, r.extra) for r in results]
     weights = {r.worker_id: float(r.n_samples) for r in results}
     capped: set[str] = set()
     while True:
@@ -120,5 +120,6 @@ def cap_weights(results: Sequence[ClientResult], max_fraction: float | None
     share = 1 - max_fraction * len(capped)
     total = free / share if free > 0 else 1.0
     return [ClientResult(r.worker_id, r.arrays,
-                         max_fraction * total if r.worker_id in capped else r.n_samples)
+                         max_fraction * total if r.worker_id in capped else r.n_samples,
+                         r.extra)
             for r in results]

@@ -20,6 +20,7 @@ import zmq
 
 from common import constants as C
 from common.config import ClusterConfig
+from common.constants import STRATEGY_ARRAY_PREFIX
 from common.net import errors
 from common.net import messages as M
 from common.net.compression import decompress
@@ -38,6 +39,7 @@ from common.tracking import make_sinks
 from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
+from master.families.base import check_arrays
 from master.outputs import write_config, write_model, write_results
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
 from master.strategies import ClientResult
@@ -298,7 +300,13 @@ class Master:
         payload = self.family.payload_for(ws.worker_id)
         # The setup (a vocabulary, a class list) only for a worker that asks for it.
         with_setup = msg.body.get("setup", True) is not False
-        send(self.rep, M.MODEL, self._payload_body(payload, with_setup), payload.arrays)
+        send(self.rep, M.MODEL, self._payload_body(payload, with_setup),
+             self._with_strategy_arrays(payload.arrays))
+
+    def _with_strategy_arrays(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """The model's arrays and those the strategy sends along (SCAFFOLD's control)."""
+        extra = self.family.strategy.client_arrays(arrays)
+        return {**arrays, **extra} if extra else arrays
 
     def _payload_body(self, payload: Payload, with_setup: bool) -> dict[str, Any]:
         deadline = self.open.deadline - time.monotonic() if self.open else 0.0
@@ -354,10 +362,14 @@ class Master:
             raise ProtocolError(f"update: n_samples must be 1-{most}, what {ws.worker_id}'s "
                                 f"registration allows", code=errors.BAD_FIELD)
         M.check_metrics(b["metrics"], "update.metrics")
-        arrays = decompress(str(b.get("compression", "none")), msg.arrays,
-                            self.family.payload_for(ws.worker_id).arrays)
+        model = self.family.payload_for(ws.worker_id).arrays
+        arrays = dict(msg.arrays)
+        wanted = self.family.strategy.upload_arrays(model)
+        extra = {k: arrays.pop(k) for k in list(arrays) if k.startswith(STRATEGY_ARRAY_PREFIX)}
+        check_arrays(extra, wanted)  # the strategy's own (SCAFFOLD's), exactly
+        arrays = decompress(str(b.get("compression", "none")), arrays, model)
         self.family.check_update(arrays)
-        rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"])
+        rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"], extra)
         upload = (min(max(0.0, time.time() - b["sent_at"]), C.MAX_TIMING_S)
                   if isinstance(b.get("sent_at"), float) else None)
         rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes,
@@ -518,7 +530,8 @@ class Master:
             rnd.broadcast_bytes = send(self.pub, M.ROUND, body, topic=M.TOPIC_ROUND)
         else:
             p = self.family.payload_for("")
-            rnd.broadcast_bytes = send(self.pub, M.ROUND, self._payload_body(p, first), p.arrays,
+            rnd.broadcast_bytes = send(self.pub, M.ROUND, self._payload_body(p, first),
+                                       self._with_strategy_arrays(p.arrays),
                                        topic=M.TOPIC_ROUND)
         rnd.publish_time = time.perf_counter() - t0
         self._announce()  # tell late or lossy subscribers at once that a round is open

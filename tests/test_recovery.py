@@ -32,6 +32,10 @@ PATIENT = {"heartbeat_timeout": 600, "round_deadline": 600}
 JOBS: dict[str, dict[str, Any]] = {
     "mlp": {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
             "data": {"task": "multiclass"}},
+    # SCAFFOLD: the server's control variate crosses --resume in the checkpoint, each worker's
+    # in its snapshots.
+    "mlp_scaffold": {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
+                     "strategy": "scaffold", "data": {"task": "multiclass"}},
     "nmf": {"rounds": 12, "model": {"family": "nmf", "n_topics": 8, "mi_weight": 0.1,
                                     "vocab_size": 400, "local_epochs": 5},
             "strategy": {"name": "fedadam", "eta": 0.01}, "data": {"task": "multiclass"}},

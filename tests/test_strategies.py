@@ -183,20 +183,20 @@ def test_make_strategy_by_name():
     assert isinstance(make_strategy("mean"), MeanPooling)
     assert isinstance(make_strategy("fedavg"), FedAvg)
     assert set(STRATEGIES) == {"mean", "fedavg", "fedadagrad", "fedyogi", "fedadam", "fedavgm",
-                               "fedmedian", "fedtrimmedavg", "krum", "fedprox"}
+                               "fedmedian", "fedtrimmedavg", "krum", "fedprox", "scaffold"}
     for name, cls in STRATEGIES.items():
         s = make_strategy(name)
         assert isinstance(s, Strategy) and type(s) is cls and s.name == name
 
 
-@pytest.mark.parametrize("name", ["scaffold", "FedAvg", "", "mean "])
+@pytest.mark.parametrize("name", ["ditto", "FedAvg", "", "mean "])
 def test_make_strategy_unknown_name_lists_known_ones(name):
     with pytest.raises(ValueError) as info:
         make_strategy(name)
     msg = str(info.value)
     assert repr(name) in msg
     assert ("known: fedadagrad, fedadam, fedavg, fedavgm, fedmedian, fedprox, fedtrimmedavg, "
-            "fedyogi, krum, mean") in msg
+            "fedyogi, krum, mean, scaffold") in msg
     assert "\n" not in msg
 
 
@@ -413,3 +413,30 @@ def test_one_hostile_client_of_five_cannot_move_a_robust_rule(name, params):
     assert (FedAvg().aggregate({}, clients)["x"] < 0).all()
     out = make_strategy(name, **params).aggregate({}, clients)["x"]
     assert ((out >= low) & (out <= high)).all()
+
+
+def test_scaffold_two_rounds_by_hand_and_state_roundtrip():
+    from common.constants import SCAFFOLD_CHANGE, SCAFFOLD_CONTROL
+    from master.strategies import Scaffold
+
+    s = Scaffold()
+    current = {"x": np.array([1.0, 2.0], dtype=np.float32)}
+    assert s.client_arrays(current) == {SCAFFOLD_CONTROL + "x": pytest.approx([0.0, 0.0])}
+    assert s.upload_arrays(current) == {SCAFFOLD_CHANGE + "x": ((2,), np.dtype(np.float32))}
+
+    def result(wid, y, n, dc):
+        return ClientResult(wid, {"x": np.array(y, np.float32)}, n,
+                            {SCAFFOLD_CHANGE + "x": np.array(dc, np.float32)})
+
+    # x = the sample-weighted mean (eta_g 1); c += |S|/N mean(dc) = 1 * (1 + 3) / 2
+    x1 = s.aggregate(current, [result("w1", [3, 4], 1, [1, 1]), result("w2", [5, 6], 3, [3, 3])])
+    np.testing.assert_allclose(x1["x"], [4.5, 5.5])
+    np.testing.assert_allclose(s.control_["x"], [2.0, 2.0])
+    again = Scaffold(server_learning_rate=0.5)
+    again.load_state(s.state())
+    assert again.seen_ == {"w1", "w2"}
+    # Only w1 of the two reports: c += 1/2 * 2; x moves half way (eta_g 0.5) to w1's 6.5
+    x2 = again.aggregate(x1, [result("w1", [6.5, 7.5], 1, [2, 2])])
+    np.testing.assert_allclose(x2["x"], [5.5, 6.5])
+    np.testing.assert_allclose(again.control_["x"], [3.0, 3.0])
+    assert again.client_settings() == {"scaffold": True}

@@ -24,6 +24,7 @@ import zmq
 
 from common import constants as C
 from common.config import ClusterConfig
+from common.constants import STRATEGY_ARRAY_PREFIX
 from common.data.embedding import resolve_device
 from common.data.shards import local_data, worker_seed
 from common.net import errors
@@ -328,10 +329,11 @@ class Worker:
         self._sub_bytes = 0
         every = self.cfg.eval_every
         t0 = time.perf_counter()
-        scores = (self.family.evaluate(body["meta"], msg.arrays)
+        meta, model = split_payload(body["meta"], msg.arrays)
+        scores = (self.family.evaluate(meta, model)
                   if every and (rnd - 1) % every == 0 else {})
         eval_time = time.perf_counter() - t0
-        result = self.family.fit(rnd, body["meta"], msg.arrays)
+        result = self.family.fit(rnd, meta, model)
         metrics = {**{k: float(v) for k, v in scores.items()},
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
@@ -345,7 +347,7 @@ class Worker:
             metrics["snapshot_time"] = time.perf_counter() - t0
         self.state_round = rnd
         try:
-            arrays = self.compressor.compress(result.arrays, msg.arrays)
+            arrays = self.compressor.compress(result.arrays, model)
             reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
                                              "n_samples": result.n_samples, "metrics": metrics,
                                              "compression": self.compressor.kind,
@@ -397,7 +399,7 @@ class Worker:
         final = self._request(M.FETCH, {})
         if not self.ready:
             self._setup(final.body["setup"])
-        federated = self.family.final_scores(final.body["meta"], final.arrays)
+        federated = self.family.final_scores(*split_payload(final.body["meta"], final.arrays))
         local_only = self.family.local_baseline() if self.cfg.baselines else None
         report = {"federated": federated, "local_only": local_only,
                   "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),
@@ -415,6 +417,17 @@ class Worker:
 #: The score a worker's closing log line names, the first of these its family reports.
 HEADLINE_SCORES = {"macro_f1": "macro-F1", "accuracy": "accuracy", "perplexity": "perplexity",
                    "npmi_doc": "NPMI (doc)", "c_npmi": "C_NPMI", "clusters_used": "clusters used"}
+
+
+def split_payload(meta: dict[str, Any], arrays: dict[str, Any]
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A payload's model arrays apart from the strategy's (``strategy.*``: SCAFFOLD's control
+    variate), which the family finds in ``meta["strategy_arrays"]``."""
+    extra = {k: v for k, v in arrays.items() if k.startswith(STRATEGY_ARRAY_PREFIX)}
+    if not extra:
+        return meta, arrays
+    return ({**meta, "strategy_arrays": extra},
+            {k: v for k, v in arrays.items() if k not in extra})
 
 
 def default_state_dir(cfg: ClusterConfig, worker_id: str) -> Path:

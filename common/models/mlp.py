@@ -161,16 +161,23 @@ class MLPClassifier:
 
     # -- scikit-learn style ----------------------------------------------------------------
     def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None,
-            proximal_mu: float = 0.0) -> MLPClassifier:
+            proximal_mu: float = 0.0, correction: list[np.ndarray] | None = None
+            ) -> MLPClassifier:
         """Run ``epochs`` (default ``self.epochs``) passes of mini-batch training; with
         ``proximal_mu`` > 0 the loss has FedProx's ``μ/2 · ‖w − w_start‖²``, w_start the
-        weights this call started from."""
+        weights this call started from; with ``correction`` (one array per parameter, in
+        ``named_parameters`` order: SCAFFOLD's ``c − c_i``) every step is followed by
+        ``w −= lr · correction``. ``last_steps_``: the steps taken."""
+        fix = (None if correction is None else
+               [torch.as_tensor(np.asarray(c, dtype=np.float32), device=self.device)
+                for c in correction])
         anchor = anchor_of(self.model_.parameters(), proximal_mu)
         x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
         y_t = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
         n = len(x_t)
         loss_fn = nn.CrossEntropyLoss()
         self.model_.train()
+        steps = 0
         for _ in range(self.epochs if epochs is None else epochs):
             order = torch.randperm(n, generator=self._gen).to(self.device)
             total = 0.0
@@ -183,7 +190,13 @@ class MLPClassifier:
                     loss = loss + proximal_term(self.model_.parameters(), anchor, proximal_mu)
                 loss.backward()
                 self.optimizer_.step()
+                steps += 1
+                if fix is not None:
+                    with torch.no_grad():
+                        for p, c in zip(self.model_.parameters(), fix, strict=True):
+                            p.sub_(self.lr * c)
             self.last_loss_ = total / max(n, 1)
+        self.last_steps_ = steps
         return self
 
     @torch.no_grad()

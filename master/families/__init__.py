@@ -34,8 +34,8 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
     unmet = sorted(set(strategy.client_settings()) - cls.client_settings)
     if unmet:
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs the workers to apply "
-                          f"{', '.join(unmet)}, which {cls.name}'s workers do not (families "
-                          f"that do: mlp, nmf, prodlda / combinedtm in mode fedavg)")
+                          f"{', '.join(unmet)}, which {cls.name}'s workers do not (proximal_mu: "
+                          f"mlp, nmf, prodlda / combinedtm in mode fedavg; scaffold: mlp)")
     return cls(cfg, strategy)
 
 

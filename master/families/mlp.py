@@ -26,7 +26,7 @@ class MLPServer(ServerFamily):
     """
 
     name = "mlp"
-    client_settings = frozenset({"proximal_mu"})
+    client_settings = frozenset({"proximal_mu", "scaffold"})
     info_fields = frozenset({"input_dim", "classes"})
     needs_labels = True
     embeds_text = True

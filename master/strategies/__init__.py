@@ -18,10 +18,11 @@ from master.strategies.fedtrimmedavg import FedTrimmedAvg
 from master.strategies.fedyogi import FedYogi
 from master.strategies.krum import Krum
 from master.strategies.mean_pooling import MeanPooling
+from master.strategies.scaffold import Scaffold
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (MeanPooling, FedAvg, FedAdagrad, FedYogi, FedAdam, FedAvgM,
-                              FedMedian, FedTrimmedAvg, Krum, FedProx)
+                              FedMedian, FedTrimmedAvg, Krum, FedProx, Scaffold)
 }
 
 
@@ -44,10 +45,10 @@ def strategy_class(name: str) -> type[Strategy]:
 def make_strategy(name: str, **params: Any) -> Strategy:
     """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``, ``fedadagrad``,
     ``fedyogi``, ``fedadam``, ``fedavgm``, ``fedmedian``, ``fedtrimmedavg``, ``krum``,
-    ``fedprox``, or a plug-in's) with its keyword parameters."""
+    ``fedprox``, ``scaffold``, or a plug-in's) with its keyword parameters."""
     return strategy_class(name)(**params)
 
 
 __all__ = ["ClientResult", "Strategy", "STRATEGIES", "strategy_class", "make_strategy", "FedAvg",
            "MeanPooling", "FedOpt", "FedAdagrad", "FedYogi", "FedAdam", "FedAvgM", "FedMedian",
-           "FedTrimmedAvg", "Krum", "FedProx"]
+           "FedTrimmedAvg", "Krum", "FedProx", "Scaffold"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,9 @@ class ClientResult:
     worker_id: str
     arrays: Mapping[str, np.ndarray]
     n_samples: int
+    #: The strategy's own arrays of the upload (``strategy.*``, e.g. SCAFFOLD's control
+    #: variate change), apart from the model's.
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 class Strategy(ABC):
@@ -46,6 +49,17 @@ class Strategy(ABC):
         """What the workers must do for this strategy, sent in every round's ``meta`` (e.g.
         FedProx's ``proximal_mu``); none by default. A family whose workers cannot honour a
         setting is refused at start (``ServerFamily.client_settings``)."""
+        return {}
+
+    def client_arrays(self, current: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Arrays the workers need besides the model (``strategy.*``, e.g. SCAFFOLD's server
+        control variate), sent with every round's payload; none by default."""
+        return {}
+
+    def upload_arrays(self, current: Mapping[str, np.ndarray]
+                      ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """The ``strategy.*`` arrays every update must carry besides the model, by name:
+        (shape, dtype); none by default."""
         return {}
 
     def state(self) -> dict[str, np.ndarray]:

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig, build_params
+from common.constants import SCAFFOLD_CHANGE as CHANGE
+from common.constants import SCAFFOLD_CONTROL as CONTROL
 from common.data.shards import LocalData, sentence_features
 from common.models.mlp import MLPClassifier, MLPParams
 from worker.families.base import ClientFamily, FitResult
@@ -26,6 +28,7 @@ class MLPClient(ClientFamily):
         X = sentence_features(cfg, data.dataset, device=device, progress=True)
         self.x_train, self.x_test = X[data.train_index], X[data.test_index]
         self.model: MLPClassifier | None = None
+        self.control_: dict[str, np.ndarray] = {}  # SCAFFOLD's c_i, kept across rounds
         self.classes: list[str] = list(data.classes)
         self._remap(self.classes)
         # torch and scikit-learn pay a one-off cost on their first call (about a second on a
@@ -51,23 +54,40 @@ class MLPClient(ClientFamily):
                                             device=self.device, random_state=self.seed)
 
     def local_state(self) -> dict[str, Any]:
-        return {} if self.model is None else self.model.local_state()
+        if self.model is None:
+            return {}
+        return {**self.model.local_state(), "control": self.control_}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         if self.model is not None and state:
             self.model.load_local_state(state)
+            self.control_ = dict(state.get("control") or {})
 
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
         self.model.set_arrays(arrays)
+        control = meta.get("strategy_arrays")  # SCAFFOLD's server control variate c
+        names = [n for n, _ in self.model.model_.named_parameters()]
+        if control is not None:
+            c = {n: np.asarray(control[CONTROL + n], dtype=np.float32) for n in names}
+            mine = self.control_ or {n: np.zeros_like(c[n]) for n in names}
         t0 = time.perf_counter()
         self.model.fit(self.x_train, self.y_train,
-                       proximal_mu=float(meta.get("proximal_mu", 0.0)))  # FedProx
+                       proximal_mu=float(meta.get("proximal_mu", 0.0)),  # FedProx
+                       correction=None if control is None else [c[n] - mine[n] for n in names])
         train_time = time.perf_counter() - t0
         # Views, not copies (100 MB at 25 M parameters): the update is sent, and acknowledged,
         # before the model is loaded or trained again.
-        return FitResult(self.model.get_arrays(copy=False), len(self.y_train),
+        out = self.model.get_arrays(copy=False)
+        if control is not None:
+            # SCAFFOLD option II: c_i+ = c_i - c + (x - y) / (K lr); the change travels.
+            k_lr = max(self.model.last_steps_, 1) * self.model.lr
+            new = {n: (mine[n] - c[n] + (np.asarray(arrays[n], np.float32) - out[n]) / k_lr)
+                   .astype(np.float32) for n in names}
+            out = {**out, **{CHANGE + n: new[n] - mine[n] for n in names}}
+            self.control_ = new
+        return FitResult(out, len(self.y_train),
                          {"train_loss": self.model.last_loss_, "train_time": train_time})
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]

@@ -1,4 +1,5 @@
-"""FedProx: the strategy, who may use it, and the proximal term in each family's local training."""
+"""Strategies that need the workers: FedProx and SCAFFOLD, who may use them, and what each
+family's local training does with them."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_only_families_whose_workers_apply_mu_take_fedprox(model, ok, tmp_path):
     if ok:
         assert make_server_family(cfg).strategy.client_settings() == {"proximal_mu": 0.1}
     else:
-        with pytest.raises(ConfigError, match="proximal_mu") as info:
+        with pytest.raises(ConfigError, match="proximal_mu") as info:  # (and why, in one line)
             make_server_family(cfg)
         assert "\n" not in str(info.value) and str(info.value).startswith("c.yaml: strategy")
 
@@ -115,3 +116,37 @@ def test_every_round_carries_mu_to_the_workers(tmp_path):
     finally:
         master.close()
     assert body["meta"] == {"step": 3, "proximal_mu": 0.25}
+
+
+def test_scaffold_worker_keeps_its_control_variate_and_sends_its_change(tmp_path, embed_cache):
+    """Option II on the MLP worker: with c = c_i = 0 its new c_i is (x - y) / (K lr), sent as
+    the change; the next round corrects each step by c - c_i."""
+    from common.constants import SCAFFOLD_CHANGE, SCAFFOLD_CONTROL
+    from common.data.shards import local_data, worker_seed
+    from tests.conftest import config_dict
+    from worker.client import split_payload
+    from worker.families import make_client_family
+
+    raw = config_dict(tmp_path / "out", embed_cache, workers=2, rounds=3,
+                      model={"family": "mlp", "hidden": 16, "optimizer": "sgd", "lr": 0.05},
+                      strategy="scaffold", data={"task": "multiclass"})
+    cfg = parse_config(raw, source="<test>")
+    server = make_server_family(cfg)
+    regs = {w: make_client_family(cfg, local_data(cfg, w), "cpu", worker_seed(cfg, w))
+            .registration_info() for w in ("w1", "w2")}
+    server.setup(regs)
+    x = server.global_.arrays
+    arrays = {**x, **server.strategy.client_arrays(x)}
+    meta, model = split_payload({}, arrays)
+    assert set(model) == set(x) and set(meta["strategy_arrays"]) == {
+        SCAFFOLD_CONTROL + n for n in x}
+    fam = make_client_family(cfg, local_data(cfg, "w1"), "cpu", worker_seed(cfg, "w1"))
+    fam.setup(server.setup_info_)
+    out = fam.fit(1, meta, model)
+    k_lr = fam.model.last_steps_ * 0.05
+    for n in x:
+        want = (x[n] - out.arrays[n]) / k_lr
+        np.testing.assert_allclose(out.arrays[SCAFFOLD_CHANGE + n], want, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(fam.control_[n], want, rtol=1e-4, atol=1e-6)
+    assert any(np.abs(fam.control_[n]).max() > 0 for n in x)
+    assert fam.local_state()["control"].keys() == x.keys()  # in its snapshots
