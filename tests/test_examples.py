@@ -23,7 +23,7 @@ import pytest
 
 from fedctl.launch import child_env, fedctl_command
 from master.families import SERVER_FAMILIES
-from tests.conftest import ROOT
+from tests.conftest import ROOT, kill_tree
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,21 @@ def _family(example: Path) -> str:
 
 
 def _fedctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(fedctl_command(*args), cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    """``fedctl ARGS`` to its end; on a time-out, whatever it started is killed with it (fedctl
+    run's master and workers have sessions of their own: subprocess.run would orphan them)."""
+    cmd = fedctl_command(*args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"fedctl {' '.join(args)} still running after {timeout:g}s\n"
+                    f"{stdout[-2000:]}{stderr[-4000:]}")
+    finally:
+        kill_tree(proc)  # nothing left once it has ended by itself
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 #: The examples whose ``fedctl predict`` and ``fedctl topics`` run as processes of their own, as

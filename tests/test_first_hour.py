@@ -25,8 +25,21 @@ from tests.conftest import DATA, ROOT, MakeConfig, kill_tree, wait_for
 
 def _fedctl(*args: str, timeout: float = 300, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
-    return subprocess.run(fedctl_command(*args), cwd=ROOT, env=env or child_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    """``fedctl ARGS`` to its end; on a time-out, whatever it started is killed with it (fedctl
+    run's master and workers have sessions of their own: subprocess.run would orphan them)."""
+    cmd = fedctl_command(*args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env or child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"fedctl {' '.join(args)} still running after {timeout:g}s\n"
+                    f"{stdout[-2000:]}{stderr[-4000:]}")
+    finally:
+        kill_tree(proc)  # nothing left once it has ended by itself
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def _one_line_error(proc: subprocess.CompletedProcess) -> str:
