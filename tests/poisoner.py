@@ -40,6 +40,27 @@ def poison(attack: str, new: Mapping[str, np.ndarray], base: Mapping[str, np.nda
     raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
 
 
+def poisoning_worker(cfg: Any, worker_id: str, attack: str, seed: int = 0) -> Any:
+    """A :class:`worker.client.Worker` whose every update ``attack`` turns (see above)."""
+    from worker.client import Worker
+
+    if attack not in ATTACKS:
+        raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
+    worker = Worker(cfg, worker_id)
+    honest_fit = worker.family.fit
+    rng = np.random.default_rng(seed)
+
+    def fit(round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
+        base = {k: np.array(v, copy=True) for k, v in arrays.items()}
+        result = honest_fit(round_, meta, arrays)
+        result.arrays = poison(attack, result.arrays, base, rng)
+        logging.getLogger("poisoner").info("round %d: sent a %s update", round_, attack)
+        return result
+
+    worker.family.fit = fit  # type: ignore[method-assign]
+    return worker
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -50,23 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: "
                         "%(message)s")
     from common.config import load_config
-    from worker.client import Worker
-    from worker.families.base import FitResult
 
-    worker = Worker(load_config(args.config), args.worker_id)
-    honest_fit = worker.family.fit
-    rng = np.random.default_rng(args.seed)
-
-    def fit(round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
-            ) -> FitResult:
-        base = {k: np.array(v, copy=True) for k, v in arrays.items()}
-        result = honest_fit(round_, meta, arrays)
-        result.arrays = poison(args.attack, result.arrays, base, rng)
-        logging.getLogger("poisoner").info("round %d: sent a %s update", round_, args.attack)
-        return result
-
-    worker.family.fit = fit  # type: ignore[method-assign]
-    worker.run()
+    poisoning_worker(load_config(args.config), args.worker_id, args.attack, args.seed).run()
     return 0
 
 
