@@ -33,8 +33,10 @@ JOBS: dict[str, dict[str, Any]] = {
     # mlp with SCAFFOLD: the optimizer's moments and the shuffling generator in the snapshots,
     # and the control variates: the server's across --resume in the checkpoint, each worker's
     # in its snapshots.
+    # int8 compression: its error feedback's residual is worker state too.
     "mlp_scaffold": {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
-                     "strategy": "scaffold", "data": {"task": "multiclass"}},
+                     "strategy": "scaffold", "compression": {"kind": "int8"},
+                     "data": {"task": "multiclass"}},
     "nmf": {"rounds": 12, "model": {"family": "nmf", "n_topics": 8, "mi_weight": 0.1,
                                     "vocab_size": 400, "local_epochs": 5},
             "strategy": {"name": "fedadam", "eta": 0.01}, "data": {"task": "multiclass"}},

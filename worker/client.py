@@ -339,6 +339,8 @@ class Worker:
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         if isinstance(body.get("sent_at"), float):  # PUB: serialize + wire + queue + decode
             metrics["broadcast_s"] = max(0.0, self._received_at - body["sent_at"])
+        # Compressed first: error feedback's residual is state the snapshot must hold.
+        arrays = self.compressor.compress(result.arrays, model)
         if self.snapshots is not None:
             # Before the update leaves: a worker killed after sending has its state on disk.
             t0 = time.perf_counter()
@@ -347,7 +349,6 @@ class Worker:
             metrics["snapshot_time"] = time.perf_counter() - t0
         self.state_round = rnd
         try:
-            arrays = self.compressor.compress(result.arrays, model)
             reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
                                              "n_samples": result.n_samples, "metrics": metrics,
                                              "compression": self.compressor.kind,
@@ -372,11 +373,13 @@ class Worker:
 
     def _state(self) -> dict[str, Any]:
         # torch's global generator too: dropout and some initializers draw from it.
-        return {"family": self.family.local_state(), "torch_rng": torch.get_rng_state()}
+        return {"family": self.family.local_state(), "torch_rng": torch.get_rng_state(),
+                "compression": self.compressor.residual_}
 
     def _load_state(self, tree: dict[str, Any]) -> None:
         self.family.load_local_state(tree["family"])
         torch.set_rng_state(tree["torch_rng"])
+        self.compressor.residual_ = dict(tree.get("compression") or {})
 
     def _go_back(self, rnd: int, base: int) -> None:
         """Round ``rnd`` builds on this worker's state after round ``base``: a resumed master
