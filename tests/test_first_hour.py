@@ -23,6 +23,13 @@ from fedctl.launch import child_env, fedctl_command
 from tests.conftest import DATA, ROOT, MakeConfig, kill_tree, wait_for
 
 
+def _interruptible() -> None:
+    """In the child, before exec: Ctrl-C's default action. A test run from a background shell
+    (`pytest &`, some CI runners) hands its children SIGINT ignored, and Python then installs
+    no KeyboardInterrupt handler, so the stop below would go unheard (it did: exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _fedctl(*args: str, timeout: float = 300, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
     """``fedctl ARGS`` to its end; on a time-out, whatever it started is killed with it (fedctl
@@ -183,7 +190,7 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
     stopped = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress",
                                               "--overwrite", "--rounds", "5000"),
                                cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, preexec_fn=_interruptible)
     try:
         # The master's log, not metrics.jsonl: round events wait there for a checkpoint.
         master_log = tmp_path / "out.partial" / "logs" / "master.log"
