@@ -169,6 +169,9 @@ class CheckpointWriter:
             t0 = time.monotonic()
             try:
                 if ckpt is not None:
+                    # Every event this write covers (held and superseded rounds' too), so that a
+                    # master killed before logging them logs them when it resumes.
+                    ckpt.meta["events"] = events
                     atomic_write(self.path, ckpt.write_to)
                     if "resume_base" in ckpt.meta:
                         self.written_base = int(ckpt.meta["resume_base"])

@@ -101,6 +101,19 @@ def test_a_newer_checkpoint_supersedes_a_pending_one_and_keeps_its_events(tmp_pa
     metrics.close()
 
 
+def test_a_checkpoint_carries_every_event_it_covers(tmp_path: Path) -> None:
+    """Held rounds' events are in the checkpoint that covers them: a master killed between the
+    write and the log lines logs them all when it resumes (rounds 14-16 were lost so)."""
+    writer, metrics = _writer(tmp_path, budget=1.0)
+    for r in (1, 2, 3):  # checkpoints skipped (over budget): their events wait
+        writer.submit(None, [{"event": "round", "round": r}], hold=True)
+    writer.submit(_ckpt(4), [{"event": "round", "round": 4}])
+    writer.flush()
+    writer.close()
+    metrics.close()
+    assert [e["round"] for e in Checkpoint.load(tmp_path).meta["events"]] == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("family", ["fstc", "mlp"])
 def test_family_snapshot_restores_everything_the_master_half_holds(tmp_path: Path,
                                                                    family: str) -> None:
