@@ -125,11 +125,24 @@ def start_worker_threads(cfg: Any, worker_ids: list[str], reports: dict[str, Any
     return threads
 
 
-def run_fedctl(*args: str, timeout: float = 60, cache_dir: Path | None = None
-               ) -> subprocess.CompletedProcess:
-    """Run ``fedctl ARGS`` to completion (bounded by ``timeout``) and capture its output."""
-    return subprocess.run(fedctl_command(*args), cwd=ROOT, env=child_env(cache_dir),
-                          capture_output=True, text=True, timeout=timeout)
+def run_fedctl(*args: str, timeout: float = 60, cache_dir: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``fedctl ARGS`` to completion and capture its output. Past ``timeout`` the test
+    fails and whatever it started is killed with it (``fedctl run``'s master and workers have
+    sessions of their own: subprocess.run's kill would leave them running)."""
+    cmd = fedctl_command(*args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env or child_env(cache_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"fedctl {' '.join(args)} still running after {timeout:g}s\n"
+                    f"{stdout[-2000:]}{stderr[-4000:]}")
+    finally:
+        kill_tree(proc)  # nothing left once it has ended by itself
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def _children(pid: int) -> list[int]:

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from fedctl.launch import child_env, fedctl_command
 from master.families import SERVER_FAMILIES
-from tests.conftest import DATA, ROOT, MakeConfig, kill_tree
+from tests.conftest import DATA, MakeConfig, run_fedctl
 
 #: Each family at a small size: two workers, two rounds (five for prodlda: one synchronized
 #: step).
@@ -52,24 +51,11 @@ def unlabelled_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(make_config: MakeConfig, tmp_path: Path, family: str, data: Path,
          timeout: float = 600) -> subprocess.CompletedProcess:
-    """``fedctl run`` to its end; on a time-out, its master and workers are killed with it
-    (they have sessions of their own: subprocess.run's kill would leave them running)."""
+    """``fedctl run`` of ``family`` on ``data`` to its end (conftest.run_fedctl)."""
     config = make_config(tmp_path, workers=2, rounds=5 if family == "prodlda" else 2,
                          baselines=True, data={"path": str(data)},
                          model={"family": family, **SMALL[family]})
-    args = fedctl_command("run", "--config", str(config), "--no-progress")
-    proc = subprocess.Popen(args, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"fedctl run still running after {timeout:g}s\n{stdout[-2000:]}"
-                    f"{stderr[-4000:]}")
-    finally:
-        kill_tree(proc)  # nothing left once it has ended by itself; all of it otherwise
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+    return run_fedctl("run", "--config", str(config), "--no-progress", timeout=timeout)
 
 
 def _assert_finished(proc: subprocess.CompletedProcess, out: Path, family: str) -> str:

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedctl.launch import child_env, fedctl_command
 from master.families import SERVER_FAMILIES
-from tests.conftest import ROOT, kill_tree
+from tests.conftest import ROOT, run_fedctl
 
 pytestmark = pytest.mark.slow
 
@@ -50,27 +49,9 @@ def _family(example: Path) -> str:
 
 
 def _fedctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``fedctl ARGS`` to its end; on a time-out, whatever it started is killed with it (fedctl
-    run's master and workers have sessions of their own: subprocess.run would orphan them)."""
-    cmd = fedctl_command(*args)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"fedctl {' '.join(args)} still running after {timeout:g}s\n"
-                    f"{stdout[-2000:]}{stderr[-4000:]}")
-    finally:
-        kill_tree(proc)  # nothing left once it has ended by itself
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return run_fedctl(*args, timeout=timeout)
 
 
-#: The examples whose ``fedctl predict`` and ``fedctl topics`` run as processes of their own, as
-#: a user runs them (one classifier, one topic model). The others call the same commands in
-#: this process (``fedctl`` as click invokes it, the output captured): each process of its own
-#: would only import torch and the families once more (2 s each on an idle machine).
 OWN_PROCESS = ("mlp_multiclass", "nmf_mi_fedadam")
 
 

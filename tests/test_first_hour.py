@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from fedctl.launch import child_env, fedctl_command
-from tests.conftest import DATA, ROOT, MakeConfig, kill_tree, wait_for
+from tests.conftest import DATA, ROOT, MakeConfig, kill_tree, run_fedctl, wait_for
 
 
 def _interruptible() -> None:
@@ -32,21 +32,7 @@ def _interruptible() -> None:
 
 def _fedctl(*args: str, timeout: float = 300, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
-    """``fedctl ARGS`` to its end; on a time-out, whatever it started is killed with it (fedctl
-    run's master and workers have sessions of their own: subprocess.run would orphan them)."""
-    cmd = fedctl_command(*args)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env or child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"fedctl {' '.join(args)} still running after {timeout:g}s\n"
-                    f"{stdout[-2000:]}{stderr[-4000:]}")
-    finally:
-        kill_tree(proc)  # nothing left once it has ended by itself
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return run_fedctl(*args, timeout=timeout, env=env)
 
 
 def _one_line_error(proc: subprocess.CompletedProcess) -> str:
