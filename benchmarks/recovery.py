@@ -32,7 +32,6 @@ import copy
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -48,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
 from common.runlog import read_metrics  # noqa: E402
+from fedctl.bench.report import command_line  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -312,10 +312,7 @@ def main() -> None:
                          "under the temporary folder)")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [str(Path(sys.argv[0]).resolve().relative_to(ROOT))
-                                    if Path(sys.argv[0]).resolve().is_relative_to(ROOT)
-                                    else sys.argv[0], *sys.argv[1:]])
+    command = command_line(ROOT)
     families = args.families.split(",")
     kinds = [k for k in RUNS if k == "calm" or k in args.runs.split(",")]
     work = args.work or Path(tempfile.mkdtemp(prefix="recovery_"))

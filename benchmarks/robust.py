@@ -37,7 +37,6 @@ import copy
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
 from common.runlog import read_metrics  # noqa: E402
+from fedctl.bench.report import command_line  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -241,10 +241,7 @@ def main() -> None:
                          "under the temporary folder)")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [str(Path(sys.argv[0]).resolve().relative_to(ROOT))
-                                    if Path(sys.argv[0]).resolve().is_relative_to(ROOT)
-                                    else sys.argv[0], *sys.argv[1:]])
+    command = command_line(ROOT)
     strategies = args.strategies.split(",")
     attacks = [a for a in args.attacks.split(",") if a]
     work = args.work or Path(tempfile.mkdtemp(prefix="robust_"))

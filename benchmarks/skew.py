@@ -41,7 +41,6 @@ import argparse
 import copy
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.runlog import read_metrics  # noqa: E402
+from fedctl.bench.report import command_line  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -239,10 +239,7 @@ def main() -> None:
                     help="only tabulate the runs already in --work")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [str(Path(sys.argv[0]).resolve().relative_to(ROOT))
-                                    if Path(sys.argv[0]).resolve().is_relative_to(ROOT)
-                                    else sys.argv[0], *sys.argv[1:]])
+    command = command_line(ROOT)
     seeds = [int(s) for s in args.seeds.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
     rebuilt = ""

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from fedctl.bench.harness import _fmt
+
+
+def command_line(root: Path) -> str:
+    """How this process was started, for a results file: ``python <script> <args>``, the script
+    relative to ``root`` (the checkout) when it lies inside it."""
+    script = Path(sys.argv[0]).resolve()
+    shown = str(script.relative_to(root)) if script.is_relative_to(root) else sys.argv[0]
+    return "python " + " ".join(shlex.quote(a) for a in [shown, *sys.argv[1:]])
 
 
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
