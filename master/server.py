@@ -110,6 +110,7 @@ class Master:
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
         self._training_since = 0.0  # when training started (or resumed)
+        self._next_scan = 0.0  # when _abandoned next looks at every worker
         self._budget_logged = False
         self._absent: set[str] = set()  # warned of once, until they report again
         self.pub: zmq.Socket | None = None
@@ -449,12 +450,14 @@ class Master:
     def _abandoned(self, now: float) -> bool:
         """Every worker silent past ``heartbeat_timeout`` and then ``join_timeout`` more (e.g.
         a resumed master whose workers are gone): waiting longer would be forever."""
-        if not self.workers:
-            return False
+        limit = self.cfg.heartbeat_timeout + self.cfg.join_timeout
         # Counted from the start of training at the earliest: a long setup (or a resume) held
-        # this loop, not the workers.
-        last = max(self._training_since, *(w.last_seen for w in self.workers.values()))
-        return now - last > self.cfg.heartbeat_timeout + self.cfg.join_timeout
+        # this loop, not the workers. A scan of every worker at most once a second, not every
+        # turn of the loop.
+        if not self.workers or now - self._training_since <= limit or now < self._next_scan:
+            return False
+        self._next_scan = now + 1.0
+        return now - max(w.last_seen for w in self.workers.values()) > limit
 
     def _setup_family(self) -> bool:
         """The pre-training exchange. A registration that makes it fail (each passed
