@@ -86,3 +86,24 @@ def test_bow_matrix_agrees_with_the_local_vocabulary_on_real_titles() -> None:
     assert {w: (int(tf[i]), int(df[i])) for i, w in enumerate(words)} == vocab
     assert all(len(w) >= 2 and w.isalpha() and w == w.lower() for w in words)
     assert not set(words) & set(make_vectorizer().get_stop_words())
+
+
+def test_a_run_of_letters_longer_than_a_word_is_no_token():
+    from common.data.text import MAX_WORD, local_vocabulary
+
+    vocab = local_vocabulary(["plain words " + "a" * (MAX_WORD + 50), "b" * MAX_WORD + " end"])
+    assert set(vocab) == {"plain", "words", "b" * MAX_WORD, "end"}
+
+
+def test_every_bundled_dataset_registers_whole():
+    """An honest worker holding a whole bundled dataset is not refused at registration
+    (dbpedia_10k holds runs of 100+ letters: the examples' topic models failed so)."""
+    import json
+
+    from common.data.text import vocabulary_info
+    from master.families.vocabulary import check_vocabulary_info
+    from tests.conftest import ROOT
+
+    for path in sorted((ROOT / "data").glob("*/*.jsonl")):
+        texts = [json.loads(line)["text"] for line in path.read_text().splitlines() if line]
+        check_vocabulary_info(vocabulary_info(texts))

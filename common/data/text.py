@@ -19,11 +19,14 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.feature_extraction.text import CountVectorizer
 
-__all__ = ["TOKEN_PATTERN", "make_vectorizer", "local_vocabulary", "merge_vocabularies",
+__all__ = ["MAX_WORD", "TOKEN_PATTERN", "make_vectorizer", "local_vocabulary", "merge_vocabularies",
            "bow_matrix"]
 
-#: Words of two or more letters: ``[^\W\d_]`` is a letter in any script.
-TOKEN_PATTERN = r"(?u)\b[^\W\d_][^\W\d_]+\b"
+#: Longest word, in letters: a longer run of letters (dbpedia holds some of 100+) is no word,
+#: and a registration carrying one is refused (master/families/vocabulary.py).
+MAX_WORD = 100
+#: Words of 2 to MAX_WORD letters: ``[^\W\d_]`` is a letter in any script.
+TOKEN_PATTERN = rf"(?u)\b[^\W\d_]{{2,{MAX_WORD}}}\b"
 
 Vocabulary = Mapping[str, Sequence[int]]
 

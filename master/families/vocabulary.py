@@ -10,7 +10,7 @@ from typing import Any
 from common import constants as C
 from common.config import ConfigError
 from common.data.shards import LocalData
-from common.data.text import merge_vocabularies, vocabulary_info
+from common.data.text import MAX_WORD, merge_vocabularies, vocabulary_info
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import ServerFamily
@@ -18,8 +18,6 @@ from master.families.base import ServerFamily
 #: Most distinct words a worker may register (a large English corpus has a few hundred
 #: thousand; the cap keeps a registration's header cheap to decode, MAX_HEADER_CONTAINERS).
 MAX_LOCAL_WORDS = 300_000
-#: Longest word, in characters.
-MAX_WORD = 100
 #: Most occurrences of one word per document a registration may claim (a term frequency over
 #: ``n_docs`` times this cannot come from ``n_docs`` documents of ordinary length).
 MAX_TERM_PER_DOC = 10_000
