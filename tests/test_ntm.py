@@ -384,10 +384,16 @@ def test_master_steps_adam_on_weighted_gradients_and_stops_on_tol() -> None:
     assert 2 < r < 100 and server.changes_[-1] < 1e-3 <= server.changes_[0]
     assert server.global_.meta["evaluate"]  # the last step is scored
     meta, arrays = server.state()
+    kept = {n: a.copy() for n, a in arrays.items()}
     again = ProdLDAServer(cfg, make_strategy("fedavg"))
     again.setup_info_, again.global_ = server.setup_info_, server.global_
     again.load_state(meta, arrays)
     assert again.changes_ == server.changes_
+    # The checkpoint is written on another thread after later steps: what state() gave must
+    # not move with them (Adam updates its moments in place).
+    server.aggregate(r + 1, [ClientResult("w1", g1, 4)])
+    for name, array in kept.items():
+        assert np.array_equal(arrays[name], array), name
 
 
 def _regs() -> dict:

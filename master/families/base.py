@@ -89,7 +89,9 @@ class ServerFamily(ABC):
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """What the family keeps beyond ``global_`` and ``setup_info_`` (e.g. each worker's
-        own model), as JSON-able metadata and arrays, for checkpoints."""
+        own model), as JSON-able metadata and arrays, for checkpoints. Nothing returned may
+        change afterwards: the checkpoint writer's thread serializes it while training goes
+        on (copy what the family goes on updating in place, such as torch tensors' memory)."""
         return {}, {}
 
     def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:

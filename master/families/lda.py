@@ -122,7 +122,7 @@ class LDAServer(VocabularyServer):
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         order = sorted(self.composed_)
-        meta = {"workers": order, "n_topics": self.n_topics_, "n_words": self.n_words_}
+        meta = {"workers": order, "n_topics": dict(self.n_topics_), "n_words": self.n_words_}
         return meta, {f"composed_{i}": self.composed_[w] for i, w in enumerate(order)}
 
     def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:

@@ -241,12 +241,14 @@ class ProdLDAServer(VocabularyServer):
         opt = self.model_.optimizer_.state_dict()["state"]
         steps = {}
         for i, st in opt.items():
-            arrays[f"adam.{i}.exp_avg"] = st["exp_avg"].cpu().numpy()
-            arrays[f"adam.{i}.exp_avg_sq"] = st["exp_avg_sq"].cpu().numpy()
+            # Copies: on the CPU .numpy() shares the tensor's memory, which Adam updates in
+            # place, and the checkpoint writer's thread serializes this after later steps.
+            arrays[f"adam.{i}.exp_avg"] = st["exp_avg"].cpu().numpy().copy()
+            arrays[f"adam.{i}.exp_avg_sq"] = st["exp_avg_sq"].cpu().numpy().copy()
             steps[str(i)] = float(st["step"])
         if self.phase_ > 0:  # mid-step, the payload is statistics: keep the weights too
             arrays.update({f"weights.{n}": a for n, a in self.model_.get_arrays().items()})
-        return {"changes": self.changes_, "adam_steps": steps, "steps": self.steps_,
+        return {"changes": list(self.changes_), "adam_steps": steps, "steps": self.steps_,
                 "step_round": self.step_round_}, arrays
 
     def load_state(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
