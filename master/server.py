@@ -402,11 +402,12 @@ class Master:
                 self._fail(f"{len(self.workers)} worker(s) left after excluding "
                            f"{', '.join(sorted(self.excluded))}, min_workers is "
                            f"{self.cfg.min_workers}")
-            elif self._abandoned(now):
-                self._fail(f"no worker has been heard from for {self.cfg.join_timeout:g}s "
-                           f"(join_timeout) after the last heartbeat_timeout: the job cannot "
-                           f"go on; the checkpoint is kept: start the workers and "
-                           f"`fedctl master --resume`")
+            elif (heard := self._abandoned(now)) is not None:
+                self._fail(f"{len(heard)} worker(s) heard from ({', '.join(heard) or 'none'}) "
+                           f"in the last heartbeat_timeout + join_timeout "
+                           f"({self.cfg.heartbeat_timeout + self.cfg.join_timeout:g}s), "
+                           f"min_workers is {self.cfg.min_workers}: the job cannot go on; the "
+                           f"checkpoint is kept: start the workers and `fedctl master --resume`")
             else:
                 self._maybe_close_round(now)
         elif self.phase == REPORTING:
@@ -447,17 +448,21 @@ class Master:
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
 
-    def _abandoned(self, now: float) -> bool:
-        """Every worker silent past ``heartbeat_timeout`` and then ``join_timeout`` more (e.g.
-        a resumed master whose workers are gone): waiting longer would be forever."""
+    def _abandoned(self, now: float) -> list[str] | None:
+        """The workers heard from lately, when they are fewer than ``min_workers`` and have
+        been for ``heartbeat_timeout`` and then ``join_timeout`` more (a resumed master whose
+        workers are gone; a crashed worker that leaves too few): no round could close, and
+        waiting longer would be forever. None while the job can go on."""
         limit = self.cfg.heartbeat_timeout + self.cfg.join_timeout
         # Counted from the start of training at the earliest: a long setup (or a resume) held
         # this loop, not the workers. A scan of every worker at most once a second, not every
         # turn of the loop.
         if not self.workers or now - self._training_since <= limit or now < self._next_scan:
-            return False
+            return None
         self._next_scan = now + 1.0
-        return now - max(w.last_seen for w in self.workers.values()) > limit
+        heard = sorted(w for w, s in self.workers.items()
+                       if w not in self.excluded and now - s.last_seen <= limit)
+        return heard if len(heard) < self.cfg.min_workers else None
 
     def _setup_family(self) -> bool:
         """The pre-training exchange. A registration that makes it fail (each passed
