@@ -314,8 +314,12 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(text.replace(config, display_name) if display_name
                                    else text) from None
+    from master.families import server_family_class
+
+    own_rule = family and server_family_class(cfg).own_rule is not None
     summary = {"config": display_name or config, "family": cfg.family,
-               "strategy": cfg.strategy["name"], "rounds": cfg.rounds,
+               "strategy": "its own rule" if own_rule else cfg.strategy["name"],
+               "rounds": cfg.rounds,
                "workers": [w.name for w in cfg.workers], "master": cfg.master.rep_endpoint,
                "security": cfg.security.mode}
     if found is not None:

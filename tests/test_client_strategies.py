@@ -24,21 +24,31 @@ def test_fedprox_aggregates_as_fedavg_and_sends_mu():
         make_strategy("fedprox", proximal_mu=-1)
 
 
-@pytest.mark.parametrize("model, ok", [
-    ({"family": "mlp"}, True), ({"family": "nmf"}, True),
-    ({"family": "prodlda", "mode": "fedavg"}, True),
-    ({"family": "prodlda", "mode": "sync"}, False), ({"family": "fstc"}, False),
-    ({"family": "lda"}, False)])
-def test_only_families_whose_workers_apply_mu_take_fedprox(model, ok, tmp_path):
+@pytest.mark.parametrize("model, refusal", [
+    ({"family": "mlp"}, None), ({"family": "nmf"}, None),
+    ({"family": "prodlda", "mode": "fedavg"}, None),
+    ({"family": "prodlda", "mode": "sync"}, "proximal_mu"),
+    ({"family": "fstc"}, "no global head"), ({"family": "lda"}, "iFTM's merge")])
+def test_only_families_whose_workers_apply_mu_take_fedprox(model, refusal, tmp_path):
     cfg = parse_config({"model": model, "workers": ["w1", "w2"], "rounds": 10,
                         "strategy": {"name": "fedprox", "proximal_mu": 0.1},
                         "data": {"path": str(tmp_path / "unused.jsonl")}}, source="c.yaml")
-    if ok:
+    if refusal is None:
         assert make_server_family(cfg).strategy.client_settings() == {"proximal_mu": 0.1}
     else:
-        with pytest.raises(ConfigError, match="proximal_mu") as info:  # (and why, in one line)
+        with pytest.raises(ConfigError, match=refusal) as info:  # (and why, in one line)
             make_server_family(cfg)
         assert "\n" not in str(info.value) and str(info.value).startswith("c.yaml: strategy")
+
+
+@pytest.mark.parametrize("family", ["fstc", "lda", "sentencelda"])
+def test_families_with_their_own_rule_refuse_a_strategy_rather_than_ignore_it(family, tmp_path):
+    base = {"model": {"family": family}, "workers": ["w1", "w2"], "rounds": 10,
+            "data": {"path": str(tmp_path / "unused.jsonl")}}
+    make_server_family(parse_config(base, source="c.yaml"))  # the default: nothing to refuse
+    for name in ("krum", "fedmedian", "fedadam"):
+        with pytest.raises(ConfigError, match=f"strategy: {name} would not be used by {family}"):
+            make_server_family(parse_config({**base, "strategy": name}, source="c.yaml"))
 
 
 def _moved(before: list[np.ndarray], after: list[np.ndarray]) -> float:

@@ -31,6 +31,9 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
         strategy = make_strategy(cfg.strategy["name"], **cfg.strategy_params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{cfg.source}: strategy: {exc}") from None
+    if cls.own_rule is not None and strategy.name != "fedavg":
+        raise ConfigError(f"{cfg.source}: strategy: {strategy.name} would not be used by "
+                          f"{cls.name} ({cls.own_rule}); remove `strategy`")
     unmet = sorted(set(strategy.client_settings()) - cls.client_settings)
     if unmet:
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs the workers to apply "

@@ -52,6 +52,10 @@ class ServerFamily(ABC):
     #: The strategy settings its workers apply in training (``Strategy.client_settings``, e.g.
     #: FedProx's ``proximal_mu``); a strategy needing another is refused at start.
     client_settings: frozenset[str] = frozenset()
+    #: The family's own rule for combining the workers' uploads, where it has one (FSTC's
+    #: eq. 16, iFTM's merge): a strategy other than the default fedavg is then refused at
+    #: start rather than silently not used. None: the strategy aggregates.
+    own_rule: str | None = None
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg

@@ -54,6 +54,9 @@ class FSTCServer(ServerFamily):
     """
 
     name = "fstc"
+    own_rule = ("the paper's eq. 16 combines the centres; each worker's head stays its own "
+                "until the final sample-weighted average, so FedProx has no global head to "
+                "keep it near")
     info_fields = frozenset({"n_clusters", "dim", "centers", "counts"})
     embeds_text = True
 

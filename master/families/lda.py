@@ -40,6 +40,7 @@ class LDAServer(VocabularyServer):
     """
 
     name = "lda"
+    own_rule = "iFTM's merge composes the workers' topics"
     per_worker = True
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
