@@ -22,6 +22,7 @@ import yaml
 from common import constants as C
 from common.data.partitions import SCHEMES
 from common.data.reading import TASKS
+from common.privacy.dp import ClientDPParams, DPSGDParams, PrivacyParams
 
 
 class ConfigError(ValueError):
@@ -131,6 +132,7 @@ class ClusterConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     compression: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
+    privacy: PrivacyParams = field(default_factory=PrivacyParams)
     heartbeat_timeout: float = C.HEARTBEAT_TIMEOUT
     report_timeout: float = C.REPORT_TIMEOUT
     eval_every: int = 1
@@ -218,7 +220,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
            "round_deadline", "join_timeout", "data", "security", "tracking", "compression",
            "heartbeat_timeout", "report_timeout", "eval_every", "checkpoint_every",
            "checkpoint_budget", "worker_snapshots", "max_weight_fraction", "max_message_mb",
-           "output_dir",
+           "output_dir", "privacy",
            "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
     cfg = ClusterConfig(source=src)
@@ -329,6 +331,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     _expect(_num(comp.get("fraction", 0.01)) and 0 < comp.get("fraction", 0.01) <= 1,
             f"{src}: compression.fraction", "a fraction in (0, 1]", comp.get("fraction"))
     cfg.compression = {"kind": "none", **comp}
+    cfg.privacy = _privacy(raw.get("privacy"), cfg, src)
 
     sec = raw.get("security")
     if isinstance(sec, str):
@@ -380,6 +383,9 @@ def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
     sec = out.pop("security")
     if cfg.security.explicit:
         out["security"] = {k: v for k, v in sec.items() if k != "explicit" and v is not None}
+    privacy = {k: v for k, v in out.pop("privacy").items() if v is not None}
+    if cfg.privacy.any:
+        out["privacy"] = privacy
     return out
 
 
@@ -468,6 +474,43 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
             raise ConfigError(f"{p}: expected a mapping at the top level")
         raw = apply_overrides(raw, overrides, str(p))
     return parse_config(raw, source=str(p))
+
+
+def _privacy(raw: Any, cfg: ClusterConfig, src: str) -> PrivacyParams:
+    """The ``privacy:`` section (:mod:`common.privacy.dp`). iFTM's Laplace mechanism is
+    written here too (``laplace: {epsilon, tau}``) and lands in the topic model's own fields,
+    with the same meaning as ``model.epsilon`` / ``model.tau``."""
+    if raw is None:
+        return PrivacyParams()
+    where = f"{src}: privacy"
+    sec = dict(_section({"privacy": raw}, "privacy",
+                        {"dp_sgd", "client_dp", "delta", "target_epsilon", "laplace"}, src))
+    laplace = sec.pop("laplace", None)
+    if laplace is not None:
+        _expect(isinstance(laplace, dict), f"{where}.laplace", "a mapping of epsilon, tau",
+                laplace)
+        _check_keys(laplace, {"epsilon", "tau"}, f"{where}.laplace.")
+        if cfg.family not in ("lda", "sentencelda"):
+            raise ConfigError(f"{where}.laplace: iFTM's Laplace mechanism is the topic models' "
+                              f"(lda, sentencelda), not {cfg.family}'s")
+        for key, value in laplace.items():
+            if key in cfg.model and cfg.model[key] != value:
+                raise ConfigError(f"{where}.laplace.{key}: model.{key} says {cfg.model[key]!r}; "
+                                  f"write it once")
+            cfg.model[key] = value
+    for key, cls in (("dp_sgd", DPSGDParams), ("client_dp", ClientDPParams)):
+        if sec.get(key) is not None:
+            value = sec[key]
+            _expect(isinstance(value, dict), f"{where}.{key}", "a mapping", value)
+            sec[key] = build_params(cls, value, f"{where}.{key}")
+    for key in ("delta", "target_epsilon"):
+        if key in sec:
+            _expect(_num(sec[key]) or (key == "target_epsilon" and sec[key] is None),
+                    f"{where}.{key}", "a number", sec[key])
+    try:
+        return PrivacyParams(**sec)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.{exc}") from None
 
 
 def build_params(cls: type, params: dict[str, Any], where: str) -> Any:

@@ -158,8 +158,11 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
                   if metrics_path.exists() else [])
         for e in rounds[seen:]:
             f1 = e.get("mean_macro_f1")
-            bar.set_postfix_str(f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
-                                if f1 is not None else "")
+            said = [f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
+                    if f1 is not None else ""]
+            said += [f"{label} {e[key]:.2f}" for key, label in
+                     (("epsilon", "ε"), ("client_epsilon", "client ε")) if e.get(key) is not None]
+            bar.set_postfix_str(", ".join(x for x in said if x))
             if bar.total is not None and bar.n >= bar.total:
                 bar.total = bar.n + 1  # a redone synchronous step takes rounds past `rounds`
             bar.update(1)

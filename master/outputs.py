@@ -82,6 +82,14 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     if unlabelled:
         table += (f"\n\nNo labels on {', '.join(unlabelled)}: the scores that need them "
                   f"(classification macro-F1 and accuracy, clustering ACC and NMI) were skipped.")
+    privacy = run.get("privacy")
+    if privacy:
+        spent = [f"{label} ε {privacy[key]:.2f}" for key, label in
+                 (("epsilon", "record-level (DP-SGD, the largest of the workers')"),
+                  ("client_epsilon", "client-level (DP-FedAvg)")) if privacy.get(key) is not None]
+        table += (f"\n\nPrivacy: the federated model at {', '.join(spent)}, δ {privacy['delta']:g}"
+                  f"{'; ' + privacy['stopped'] if privacy.get('stopped') else ''}. The local "
+                  f"and centralized baselines are trained without differential privacy.")
     atomic_write_bytes(out / "comparison.md", (table + "\n").encode())
     _write_json(out / "comparison.json", {"per_worker": rows, "pooled": sim.get("pooled")})
     summary = {**run, "comparison": rows, "pooled": sim.get("pooled"),

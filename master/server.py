@@ -41,6 +41,7 @@ from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
 from master.families.base import check_arrays
 from master.outputs import write_config, write_model, write_results
+from master.privacy import PrivacyLedger
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
 from master.strategies import ClientResult
 
@@ -117,6 +118,7 @@ class Master:
         self.rep: zmq.Socket | None = None
         self._auth = None
         self._checkpoints = CheckpointWriter(self.out, self.metrics, cfg.checkpoint_budget)
+        self.privacy = PrivacyLedger(cfg.privacy, cfg.client_fraction)
         if resume:
             self._restore(Checkpoint.load(self.out))
 
@@ -437,6 +439,13 @@ class Master:
             return
         if not self._setup_family():
             return
+        params = getattr(self.family, "params", None)
+        why = self.privacy.first_round_refusal(
+            {w: s.n_samples for w, s in self.workers.items()},
+            getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1))
+        if why is not None:
+            self._fail(why)
+            return
         n = len(self.workers)
         self.phase = TRAINING
         self.round = 1
@@ -580,7 +589,8 @@ class Master:
         # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
         # the log never shows a round that a resumed master would run again.
         every = self.cfg.checkpoint_every
-        last = self.family.budget_spent(rnd.number) or self.family.finished()
+        last = (self.family.budget_spent(rnd.number) or self.family.finished()
+                or self.privacy.must_stop(self.version))
         # Within the time budget: a 100 MB model written every round would slow every round
         # by the write's disk and memory traffic (at 25 M parameters: +200 ms a round).
         due = every and (last or (rnd.number % every == 0 and self._checkpoints.ready()))
@@ -706,6 +716,7 @@ class Master:
         """Log the round and return its metrics events (written with its checkpoint)."""
         events = round_events(rnd, self.version, aggregate_time, missing)
         r = events[-1]
+        r.update(self.privacy.record(rnd.metrics, self.version))
         log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
                  "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
                  r["slowest_train_s"], 1000 * r["overhead_s"],
@@ -722,7 +733,9 @@ class Master:
             self.cfg.baselines,
             {"run_id": self.run_id, "rounds": self.round, "version": self.version,
              "workers": sorted(self.workers), "trained": self.family.trained(self.version),
-             "refused": self._refusals(), "excluded": dict(self.excluded)},
+             "refused": self._refusals(), "excluded": dict(self.excluded),
+             **({"privacy": self.privacy.summary(self.version)}
+                if self.cfg.privacy.any else {})},
             self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         log.info("results in %s\n%s", self.out, table)

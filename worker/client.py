@@ -40,6 +40,7 @@ from common.net.transport import (
     recv,
 )
 from common.net.wire import Message, ProtocolError
+from common.privacy.dp import clip_update
 from worker.families import ClientFamily, make_client_family
 from worker.snapshots import Snapshots
 
@@ -339,8 +340,14 @@ class Worker:
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         if isinstance(body.get("sent_at"), float):  # PUB: serialize + wire + queue + decode
             metrics["broadcast_s"] = max(0.0, self._received_at - body["sent_at"])
+        arrays = result.arrays
+        if self.cfg.privacy.client_dp is not None:
+            # DP-FedAvg: the change this worker sends is bounded here, before it leaves (the
+            # master clips again, and adds the noise).
+            arrays, norm = clip_update(arrays, model, self.cfg.privacy.client_dp.clip)
+            metrics["update_norm"] = norm
         # Compressed first: error feedback's residual is state the snapshot must hold.
-        arrays = self.compressor.compress(result.arrays, model)
+        arrays = self.compressor.compress(arrays, model)
         if self.snapshots is not None:
             # Before the update leaves: a worker killed after sending has its state on disk.
             t0 = time.perf_counter()

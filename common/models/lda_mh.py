@@ -25,7 +25,7 @@ training, after the random initial assignment, every entry of the document–top
 n_dk (tokens of document d on topic k; sentences for SentenceLDA) receives one draw
 η_dk ~ Laplace(0, 1/ε), kept for the whole of training. Wherever the sampler reads a document
 count — the targets and the doc proposal — it reads the privatized count
-ñ_dk = n_dk + η_dk, set to 0 when ≤ τ (:func:`common.privacy.privatize`), never n_dk itself.
+ñ_dk = n_dk + η_dk, set to 0 when ≤ τ (:func:`common.privacy.laplace.privatize`), never n_dk itself.
 The word–topic counts that leave the party are therefore the outcome of a sampler that only
 saw privatized document statistics. ``epsilon=None`` switches the noise off (τ still clips).
 
@@ -47,7 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from common.data.text import bow_matrix
-from common.privacy import laplace_noise
+from common.privacy.laplace import laplace_noise
 
 #: Name of the topic-word array the parties upload and the master publishes.
 TOPICS = "topics"

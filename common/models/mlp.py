@@ -6,6 +6,8 @@ local-only baseline, and centrally on pooled data for the centralized baseline.
 
 from __future__ import annotations
 
+import math
+import secrets
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from torch import nn
 
 from common.eval.classification import classification_metrics
 from common.models.proximal import anchor_of, proximal_term
+from common.privacy.dp import DPSGDParams, sgd_sample_rate
 from common.state import generator_state, set_generator_state
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
@@ -60,12 +63,12 @@ class MLPParams:
             raise ValueError("lr: expected a number > 0")
 
     def classifier(self, input_dim: int, n_classes: int, device: str = "cpu",
-                   random_state: int = 0) -> MLPClassifier:
-        """A fresh classifier with these hyperparameters."""
+                   random_state: int = 0, dp: DPSGDParams | None = None) -> MLPClassifier:
+        """A fresh classifier with these hyperparameters (trained by DP-SGD with ``dp``)."""
         return MLPClassifier(input_dim, n_classes, hidden=self.hidden, epochs=self.local_epochs,
                              batch_size=self.batch_size, optimizer=self.optimizer, lr=self.lr,
                              weight_decay=self.weight_decay, device=device,
-                             random_state=random_state)
+                             random_state=random_state, dp=dp)
 
 
 # hand-written: a torch loop, not sklearn's MLP: named weights travel, Adam state persists
@@ -90,6 +93,12 @@ class MLPClassifier:
     device : str, default "cpu"
     random_state : int, default 0
         Seeds the initial weights and the batch order.
+    dp : DPSGDParams, optional
+        Train by record-level DP-SGD (Opacus): each step a Poisson sample of the documents at
+        rate ``batch_size / n``, each document's gradient clipped to ``dp.max_grad_norm``,
+        Gaussian noise of ``dp.noise_multiplier · dp.max_grad_norm`` on their sum. The
+        sampling and the noise draw from a generator seeded from the operating system, not
+        from ``random_state``: noise anyone could replay protects nothing.
 
     Attributes
     ----------
@@ -98,11 +107,14 @@ class MLPClassifier:
         Kept across calls to :meth:`fit`, so a worker's optimizer state survives its rounds.
     last_loss_ : float
         Mean training loss of the last epoch.
+    dp_steps_ : int
+        DP-SGD steps taken over every call to :meth:`fit` (what the accountant counts).
     """
 
     def __init__(self, input_dim: int, n_classes: int, hidden: int = 256, epochs: int = 1,
                  batch_size: int = 64, optimizer: str = "adam", lr: float = 1e-3,
-                 weight_decay: float = 0.0, device: str = "cpu", random_state: int = 0) -> None:
+                 weight_decay: float = 0.0, device: str = "cpu", random_state: int = 0,
+                 dp: DPSGDParams | None = None) -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
         self.input_dim = input_dim
@@ -125,6 +137,10 @@ class MLPClassifier:
         self.optimizer_ = opt[optimizer](self.model_.parameters(), lr=lr,
                                          weight_decay=weight_decay)
         self.last_loss_ = float("nan")
+        self.dp = dp
+        self.dp_steps_ = 0
+        self._dp_gen = (torch.Generator().manual_seed(secrets.randbits(63))
+                        if dp is not None else None)
 
     # -- parameters as named numpy arrays: what travels on the wire ------------------------
     def get_arrays(self, copy: bool = True) -> dict[str, np.ndarray]:
@@ -152,12 +168,18 @@ class MLPClassifier:
         """What training carries from one round to the next besides the weights (which each
         round replaces): the optimizer's moments and the shuffling generator, as a state tree
         (:mod:`common.state`)."""
-        return {"optimizer": self.optimizer_.state_dict(), "shuffle": generator_state(self._gen)}
+        out = {"optimizer": self.optimizer_.state_dict(), "shuffle": generator_state(self._gen)}
+        if self._dp_gen is not None:
+            out["dp"] = {"generator": generator_state(self._dp_gen), "steps": self.dp_steps_}
+        return out
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`local_state` returned."""
         self.optimizer_.load_state_dict(state["optimizer"])
         set_generator_state(self._gen, state["shuffle"])
+        if self._dp_gen is not None and "dp" in state:
+            set_generator_state(self._dp_gen, state["dp"]["generator"])
+            self.dp_steps_ = int(state["dp"]["steps"])
 
     # -- scikit-learn style ----------------------------------------------------------------
     def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None,
@@ -175,6 +197,11 @@ class MLPClassifier:
         x_t = torch.as_tensor(np.asarray(X, dtype=np.float32), device=self.device)
         y_t = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
         n = len(x_t)
+        if self.dp is not None:
+            if anchor is not None or fix is not None:
+                raise ValueError("DP-SGD clips each document's gradient of the data loss: "
+                                 "FedProx's and SCAFFOLD's terms do not fit in it")
+            return self._fit_dp(x_t, y_t, self.epochs if epochs is None else epochs)
         loss_fn = nn.CrossEntropyLoss()
         self.model_.train()
         steps = 0
@@ -196,6 +223,48 @@ class MLPClassifier:
                         for p, c in zip(self.model_.parameters(), fix, strict=True):
                             p.sub_(self.lr * c)
             self.last_loss_ = total / max(n, 1)
+        self.last_steps_ = steps
+        return self
+
+    def _fit_dp(self, x_t: torch.Tensor, y_t: torch.Tensor, epochs: int) -> MLPClassifier:
+        """DP-SGD: Opacus computes the per-document gradients, clips them and adds the noise;
+        the Poisson sampling is drawn here (the accountant's assumption), as many steps an
+        epoch as fixed batches would take."""
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        assert self.dp is not None and self._dp_gen is not None
+        n = len(x_t)
+        q = sgd_sample_rate(self.batch_size, n)
+        # The per-document gradients of a summed loss; the optimizer divides the noisy sum
+        # by the expected batch size q·n (Opacus's estimator for Poisson batches).
+        wrapped = GradSampleModule(self.model_, loss_reduction="sum")
+        optimizer = DPOptimizer(self.optimizer_, noise_multiplier=self.dp.noise_multiplier,
+                                max_grad_norm=self.dp.max_grad_norm,
+                                expected_batch_size=self.batch_size, loss_reduction="mean",
+                                generator=self._dp_gen)
+        self.model_.train()
+        steps = 0
+        try:
+            for _ in range(epochs):
+                total, seen = 0.0, 0
+                for _ in range(math.ceil(n / self.batch_size)):
+                    take = torch.rand(n, generator=self._dp_gen) < q
+                    idx = take.nonzero().squeeze(1).to(self.device)
+                    optimizer.zero_grad(set_to_none=True)
+                    # (an empty sample is a step too: noise only, as the accountant counts)
+                    loss = nn.functional.cross_entropy(wrapped(x_t[idx]), y_t[idx],
+                                                       reduction="sum")
+                    with warnings.catch_warnings():  # Opacus's hooks on input-free layers
+                        warnings.filterwarnings("ignore", "Full backward hook is firing")
+                        loss.backward()
+                    optimizer.step()
+                    total, seen = total + loss.item(), seen + len(idx)
+                    steps += 1
+                self.last_loss_ = total / max(seen, 1)
+        finally:
+            wrapped._close()  # the plain module again: its weights' names travel
+        self.dp_steps_ += steps
         self.last_steps_ = steps
         return self
 

@@ -12,6 +12,7 @@ from master.families.mlp import MLPServer
 from master.families.nmf import NMFServer
 from master.families.ntm import CombinedTMServer, ProdLDAServer
 from master.strategies import make_strategy
+from master.strategies.dpfedavg import DPFedAvg
 
 SERVER_FAMILIES: dict[str, type[ServerFamily]] = {
     cls.name: cls for cls in (MLPServer, NMFServer, ProdLDAServer, CombinedTMServer,
@@ -34,6 +35,22 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
     if cls.own_rule is not None and strategy.name != "fedavg":
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} would not be used by "
                           f"{cls.name} ({cls.own_rule}); remove `strategy`")
+    privacy = cfg.privacy
+    for key, why in (("dp_sgd", cls.dp_sgd_refusal), ("client_dp", cls.client_dp_refusal)):
+        if getattr(privacy, key) is not None and why is not None:
+            raise ConfigError(f"{cfg.source}: privacy.{key}: {cls.name} cannot take it ({why})")
+    if privacy.dp_sgd is not None and strategy.client_settings():
+        raise ConfigError(f"{cfg.source}: privacy.dp_sgd: {strategy.name}'s local term "
+                          f"({', '.join(strategy.client_settings())}) has no place in DP-SGD's "
+                          f"clipped per-document gradients; use fedavg or a server strategy")
+    if privacy.client_dp is not None:
+        if strategy.name != "fedavg":
+            raise ConfigError(f"{cfg.source}: privacy.client_dp: DP-FedAvg replaces the "
+                              f"strategy (equal weights, clipped changes, noise); remove "
+                              f"strategy {strategy.name}")
+        dp = privacy.client_dp
+        strategy = DPFedAvg(dp.clip, dp.noise_multiplier,
+                            round(cfg.client_fraction * len(cfg.workers)))
     unmet = sorted(set(strategy.client_settings()) - cls.client_settings)
     if unmet:
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs the workers to apply "

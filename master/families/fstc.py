@@ -54,6 +54,9 @@ class FSTCServer(ServerFamily):
     """
 
     name = "fstc"
+    dp_sgd_refusal = ("its loss ties the documents of a batch together through the transport's "
+                      "pseudo-labels")
+    client_dp_refusal = "its uploads are cluster centres and counts, combined by eq. 16"
     own_rule = ("the paper's eq. 16 combines the centres; each worker's head stays its own "
                 "until the final sample-weighted average, so FedProx has no global head to "
                 "keep it near")

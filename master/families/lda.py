@@ -40,6 +40,8 @@ class LDAServer(VocabularyServer):
     """
 
     name = "lda"
+    dp_sgd_refusal = "Gibbs sampling takes no gradients: its privacy is privacy.laplace"
+    client_dp_refusal = "iFTM's merge is no average: its privacy is privacy.laplace"
     own_rule = "iFTM's merge composes the workers' topics"
     per_worker = True
 

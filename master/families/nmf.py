@@ -52,6 +52,9 @@ class NMFServer(VocabularyServer):
     """
 
     name = "nmf"
+    dp_sgd_refusal = ("its local solver updates the topics from every document's factors at "
+                      "once, not by per-document gradient steps")
+    client_dp_refusal = None
     client_settings = frozenset({"proximal_mu"})
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

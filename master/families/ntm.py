@@ -56,6 +56,9 @@ class ProdLDAServer(VocabularyServer):
     """
 
     name = "prodlda"
+    dp_sgd_refusal = ("its batch norm mixes the documents of a batch, so no document has a "
+                      "gradient of its own to clip")
+    client_dp_refusal = None
     client_settings = frozenset({"proximal_mu"})
     contextual_size = 0
 
@@ -67,6 +70,9 @@ class ProdLDAServer(VocabularyServer):
             raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs local training "
                               f"({', '.join(strategy.client_settings())}); mode sync takes one "
                               f"synchronous step a round: use model.mode: fedavg")
+        if self.params.mode == "sync" and cfg.privacy.client_dp is not None:
+            raise ConfigError(f"{cfg.source}: privacy.client_dp: mode sync uploads one step's "
+                              f"gradients, not a model FedAvg averages: use model.mode: fedavg")
         per_step = self.params.rounds_per_step
         if cfg.rounds < per_step:  # the run would end having trained nothing
             raise ConfigError(f"{cfg.source}: rounds: {cfg.rounds} round(s) cannot complete one "

@@ -13,6 +13,7 @@ from common.constants import SCAFFOLD_CHANGE as CHANGE
 from common.constants import SCAFFOLD_CONTROL as CONTROL
 from common.data.shards import LocalData, sentence_features
 from common.models.mlp import MLPClassifier, MLPParams
+from common.privacy.dp import epsilon, sgd_sample_rate, sgd_steps_per_round
 from worker.families.base import ClientFamily, FitResult
 
 
@@ -51,7 +52,8 @@ class MLPClient(ClientFamily):
     def setup(self, setup: Mapping[str, Any]) -> None:
         self._remap(list(setup["classes"]))
         self.model = self.params.classifier(int(setup["input_dim"]), len(self.classes),
-                                            device=self.device, random_state=self.seed)
+                                            device=self.device, random_state=self.seed,
+                                            dp=self.cfg.privacy.dp_sgd)
 
     def local_state(self) -> dict[str, Any]:
         if self.model is None:
@@ -88,7 +90,22 @@ class MLPClient(ClientFamily):
             out = {**out, **{CHANGE + n: new[n] - mine[n] for n in names}}
             self.control_ = new
         return FitResult(out, len(self.y_train),
-                         {"train_loss": self.model.last_loss_, "train_time": train_time})
+                         {"train_loss": self.model.last_loss_, "train_time": train_time,
+                          **self._epsilons()})
+
+    def _epsilons(self) -> dict[str, float]:
+        """With DP-SGD, this worker's own accountant: ε after the steps it has taken, and
+        after one more round (the master ends training before a round that would pass
+        ``privacy.target_epsilon``)."""
+        dp, privacy = self.cfg.privacy.dp_sgd, self.cfg.privacy
+        if dp is None or self.model is None:
+            return {}
+        n, b = len(self.y_train), self.params.batch_size
+        q, steps = sgd_sample_rate(b, n), self.model.dp_steps_
+        per_round = sgd_steps_per_round(b, n, self.params.local_epochs)
+        return {"epsilon": epsilon(dp.noise_multiplier, q, steps, privacy.delta),
+                "epsilon_next": epsilon(dp.noise_multiplier, q, steps + per_round,
+                                        privacy.delta)}
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:

@@ -1,0 +1,121 @@
+"""The master's privacy ledger: what each round spent, and when training must end
+(cluster.yaml's ``privacy:``; :mod:`common.privacy.dp`).
+
+Record-level ε is each worker's own: its accountant counts the DP-SGD steps it took and
+reports ε, and ε after one round more, with every update; the ledger keeps the largest.
+Client-level ε is the master's: DP-FedAvg's subsampled Gaussian, one step per aggregated round
+at the rate ``client_fraction``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from common.privacy.dp import (
+    PrivacyParams,
+    describe,
+    epsilon,
+    sgd_sample_rate,
+    sgd_steps_per_round,
+)
+
+log = logging.getLogger("fedctl.master")
+
+
+class PrivacyLedger:
+    """ε so far, per kind, and the rule that ends training at ``target_epsilon``.
+
+    Parameters
+    ----------
+    params : PrivacyParams
+    client_fraction : float
+        DP-FedAvg's sampling rate.
+    """
+
+    def __init__(self, params: PrivacyParams, client_fraction: float) -> None:
+        self.params = params
+        self.client_fraction = client_fraction
+        self.record_: dict[str, float] = {}  # worker -> ε after its last reported round
+        self.record_next_: dict[str, float] = {}  # worker -> ε after one round more
+        self.stopped_: str | None = None
+
+    def client_epsilon(self, rounds: int) -> float | None:
+        """Client-level ε after ``rounds`` aggregated rounds (None without ``client_dp``)."""
+        dp = self.params.client_dp
+        if dp is None:
+            return None
+        return epsilon(dp.noise_multiplier, self.client_fraction, rounds, self.params.delta)
+
+    def first_round_refusal(self, n_samples: Mapping[str, int], batch_size: int,
+                            local_epochs: int) -> str | None:
+        """Why the job must not start: its first round would already pass ``target_epsilon``
+        (for the worker with the fewest documents, or at the client level). None if not."""
+        target = self.params.target_epsilon
+        if target is None:
+            return None
+        dp, first = self.params.dp_sgd, []
+        if dp is not None:
+            for wid, n in n_samples.items():
+                e = epsilon(dp.noise_multiplier, sgd_sample_rate(batch_size, n),
+                            sgd_steps_per_round(batch_size, n, local_epochs), self.params.delta)
+                first.append((e, f"{wid}'s record-level ε ({n} documents)"))
+        client = self.client_epsilon(1)
+        if client is not None:
+            first.append((client, "the client-level ε"))
+        over = [x for x in first if x[0] > target]
+        if not over:
+            return None
+        e, what = max(over)
+        return (f"privacy: the first round would take {what} to {e:.3g}, past target_epsilon "
+                f"{target:g}: raise the noise_multiplier, or lower the batch size or the local "
+                f"epochs")
+
+    def record(self, metrics: Mapping[str, Mapping[str, Any]], version: int) -> dict[str, Any]:
+        """Take a round's worker metrics; the fields its ``round`` event carries."""
+        for wid, m in metrics.items():
+            if "epsilon" in m:
+                self.record_[wid] = float(m["epsilon"])
+                self.record_next_[wid] = float(m.get("epsilon_next", m["epsilon"]))
+        out: dict[str, Any] = {}
+        if self.params.dp_sgd is not None and self.record_:
+            out["epsilon"] = max(self.record_.values())
+        if self.params.client_dp is not None:
+            out["client_epsilon"] = self.client_epsilon(version)
+        return out
+
+    def must_stop(self, version: int) -> bool:
+        """True when the next round would take an ε past ``target_epsilon``: training ends
+        now, and the reason is logged and kept for the summary."""
+        target = self.params.target_epsilon
+        if target is None or self.stopped_ is not None:
+            return self.stopped_ is not None
+        ahead = []
+        if self.params.dp_sgd is not None and self.record_next_:
+            wid = max(self.record_next_, key=self.record_next_.__getitem__)
+            ahead.append((self.record_next_[wid], f"{wid}'s record-level ε"))
+        client = self.client_epsilon(version + 1)
+        if client is not None:
+            ahead.append((client, "the client-level ε"))
+        over = [(e, what) for e, what in ahead if e > target]
+        if not over:
+            return False
+        e, what = max(over)
+        self.stopped_ = (f"privacy budget: one more round would take {what} to {e:.3g}, past "
+                         f"target_epsilon {target:g} (δ {self.params.delta:g}); training "
+                         f"ends after {version} round(s)")
+        log.warning("%s", self.stopped_)
+        return True
+
+    def summary(self, version: int) -> dict[str, Any]:
+        """What summary.json says of privacy."""
+        out = describe(self.params)
+        if self.params.dp_sgd is not None:
+            out["epsilon_by_worker"] = dict(sorted(self.record_.items()))
+            out["epsilon"] = max(self.record_.values(), default=0.0)
+        if self.params.client_dp is not None:
+            out["client_epsilon"] = self.client_epsilon(version)
+        if self.stopped_ is not None:
+            out["stopped"] = self.stopped_
+        return out
