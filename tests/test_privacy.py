@@ -198,17 +198,20 @@ def test_dp_sgd_cluster_reports_each_workers_epsilon_and_stops_at_the_target(
 @pytest.mark.slow
 def test_client_dp_cluster_clips_updates_and_counts_rounds(
         tmp_path: Path, make_config: MakeConfig, embed_cache: Path) -> None:
+    """Half the workers sampled a round: the accountant counts that sampling (rate 0.5)."""
     clip, sigma = 0.05, 0.5
-    config = make_config(tmp_path, workers=2, rounds=3,
+    config = make_config(tmp_path, workers=2, rounds=3, client_fraction=0.5,
                          model={"family": "mlp", "hidden": 16},
                          privacy={"client_dp": {"clip": clip, "noise_multiplier": sigma}})
     run_job(config, tmp_path / "logs", embed_cache, ("w1", "w2"))
     out = tmp_path / "out"
+    assert [e["n_updates"] for e in events(out, "round")] == [1, 1, 1]
     assert _round_epsilons(out, "client_epsilon") == pytest.approx(
-        [epsilon(sigma, 1.0, r, 1e-5) for r in (1, 2, 3)], rel=1e-9)
+        [epsilon(sigma, 0.5, r, 1e-5) for r in (1, 2, 3)], rel=1e-9)
+    assert epsilon(sigma, 0.5, 3, 1e-5) < epsilon(sigma, 1.0, 3, 1e-5)
     # Each worker measured its change before clipping it; one epoch moves far more than 0.05.
     norms = [e["update_norm"] for e in events(out, "worker_round")]
-    assert len(norms) == 6 and min(norms) > clip
+    assert len(norms) == 3 and min(norms) > clip
     summary = json.loads((out / "summary.json").read_text())
     assert summary["privacy"]["client_dp"] == {"clip": clip, "noise_multiplier": sigma}
 
