@@ -394,8 +394,8 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
                                for s, k in screened)
                    + ". Where it left w5 out in every round, the screening, not the "
                      "strategy, removed the poisoner, so that cell says nothing about the "
-                     "strategy (its Δ is that of training on 4 workers instead of 5, plus "
-                     "run-to-run noise).")
+                     "strategy (its Δ is that of training on 4 workers instead of 5: a run "
+                     "is deterministic for its seed).")
     first = results[strategies[0]]["runs"]["clean"][done[0]]["cache_hit"]
     embedded = any(v for sr in results.values() for by_seed in sr["runs"].values()
                    for r in by_seed.values() for v in r["embedded"].values())
