@@ -139,7 +139,8 @@ class MLPClassifier:
         self.last_loss_ = float("nan")
         self.dp = dp
         self.dp_steps_ = 0
-        self._dp_gen = (torch.Generator().manual_seed(secrets.randbits(63))
+        # On the model's device: Opacus draws the noise where the gradients are.
+        self._dp_gen = (torch.Generator(device=device).manual_seed(secrets.randbits(63))
                         if dp is not None else None)
 
     # -- parameters as named numpy arrays: what travels on the wire ------------------------
@@ -249,8 +250,8 @@ class MLPClassifier:
             for _ in range(epochs):
                 total, seen = 0.0, 0
                 for _ in range(math.ceil(n / self.batch_size)):
-                    take = torch.rand(n, generator=self._dp_gen) < q
-                    idx = take.nonzero().squeeze(1).to(self.device)
+                    take = torch.rand(n, generator=self._dp_gen, device=self.device) < q
+                    idx = take.nonzero().squeeze(1)
                     optimizer.zero_grad(set_to_none=True)
                     # (an empty sample is a step too: noise only, as the accountant counts)
                     loss = nn.functional.cross_entropy(wrapped(x_t[idx]), y_t[idx],

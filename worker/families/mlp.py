@@ -68,6 +68,13 @@ class MLPClient(ClientFamily):
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
+        spent = self._epsilons()
+        target = self.cfg.privacy.target_epsilon
+        if target is not None and spent and spent["epsilon_next"] > target:
+            # The master ends training before this; a worker does not rely on it.
+            raise RuntimeError(f"privacy budget: round {round_} would take this worker's ε to "
+                               f"{spent['epsilon_next']:.3g}, past target_epsilon {target:g}; "
+                               f"it leaves the job rather than train it")
         self.model.set_arrays(arrays)
         control = meta.get("strategy_arrays")  # SCAFFOLD's server control variate c
         names = [n for n, _ in self.model.model_.named_parameters()]
