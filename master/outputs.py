@@ -20,6 +20,7 @@ import numpy as np
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, config_to_dict
 from common.data.embedding import embedding_identity
+from common.models.fstc import FAR_FROM_START_NMI
 from master.baselines import simulation_baselines
 from master.families import ServerFamily
 from master.report import comparison_rows, format_table
@@ -82,6 +83,13 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     if unlabelled:
         table += (f"\n\nNo labels on {', '.join(unlabelled)}: the scores that need them "
                   f"(classification macro-F1 and accuracy, clustering ACC and NMI) were skipped.")
+    start_nmi = {w: r["federated"]["start_nmi"] for w, r in sorted(reports.items())
+                 if "start_nmi" in ((r or {}).get("federated") or {})}
+    far = [w for w, v in start_nmi.items() if v < FAR_FROM_START_NMI]
+    if far:
+        table += (f"\n\nFSTC moved far from its k-FED start on {', '.join(far)} (NMI between "
+                  f"the final clusters and the start under {FAR_FROM_START_NMI:g}): with "
+                  f"unequal clusters that has meant worse clusters; see docs/FSTC.md.")
     privacy = run.get("privacy")
     if privacy:
         spent = [f"{label} ε {privacy[key]:.2f}" for key, label in
@@ -93,6 +101,7 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     atomic_write_bytes(out / "comparison.md", (table + "\n").encode())
     _write_json(out / "comparison.json", {"per_worker": rows, "pooled": sim.get("pooled")})
     summary = {**run, "comparison": rows, "pooled": sim.get("pooled"),
-               "errors_served": errors_served}
+               "errors_served": errors_served,
+               **({"fstc_start_nmi": start_nmi} if start_nmi else {})}
     _write_json(out / "summary.json", summary)
     return summary, table

@@ -126,6 +126,16 @@ def test_robust_weights_per_pseudo_label_drop_the_planted_noise() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def test_size_signals_see_unequal_clusters_without_labels() -> None:
+    from common.models.fstc import size_signals
+
+    equal = size_signals(np.array([25, 25, 25, 25]))
+    assert equal["size_entropy"] == pytest.approx(1.0) and equal["marginal_gap"] == 0
+    skewed = size_signals(np.array([97, 1, 1, 1]))
+    assert skewed["size_entropy"] < 0.2 and skewed["marginal_gap"] == pytest.approx(0.72)
+    assert size_signals(np.array([10, 0, 0, 0]))["size_entropy"] == 0
+
+
 def test_hard_centers_and_eq16_aggregation() -> None:
     H = np.array([[0.0, 0.0], [2.0, 0.0], [0.0, 4.0]])
     centers, counts = hard_centers(H, np.array([0, 0, 2]), 3)
@@ -399,6 +409,12 @@ def test_fstc_cluster_raises_acc_above_its_initialization(
     final = np.mean([r["federated_accuracy"] for r in summary["comparison"]])
     assert final > start, (start, final)
     assert np.mean([e["local_accuracy"] for e in by_round[rounds]]) > start
+    # What a worker sees without labels: its clusters' size entropy and their distance from
+    # the transport's equal marginal every round, and how far the end is from the start.
+    for e in events(out, "worker_round"):
+        assert 0 < e["size_entropy"] <= 1 and 0 <= e["marginal_gap"] < 1, e
+    assert set(summary["fstc_start_nmi"]) == {"w1", "w2", "w3"}
+    assert all(0 < v <= 1 for v in summary["fstc_start_nmi"].values())
     with np.load(out / "model.npz") as npz:
         assert {n: npz[n].shape for n in npz.files} == {
             "centers": (K, 384), "head.weight": (K, 384), "head.bias": (K,)}

@@ -9,22 +9,31 @@ mapping).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from sklearn.metrics import normalized_mutual_info_score
 from threadpoolctl import threadpool_limits
 
 from common.config import ClusterConfig, build_params
 from common.data.reading import DataError
 from common.data.shards import LocalData, sentence_features
-from common.models.fstc import CENTERS, COUNTS, FSTCClusterer, FSTCParams, score_clustering
+from common.models.fstc import (
+    CENTERS,
+    COUNTS,
+    FAR_FROM_START_NMI,
+    FSTCClusterer,
+    FSTCParams,
+    score_clustering,
+    size_signals,
+)
 from common.models.kfed import local_kmeans
 from worker.families.base import ClientFamily, FitResult
 
-#: Arrays a worker uploads every round; the model's own (``head.*``, ``encoder.*``) come last.
-
+log = logging.getLogger("fedctl.worker")
 
 class FSTCClient(ClientFamily):
     """Worker side of ``model: {family: fstc}``."""
@@ -48,6 +57,7 @@ class FSTCClient(ClientFamily):
             raise DataError(f"{data.dataset.path}: no labels to count the clusters by: set "
                             f"model.n_clusters")
         self.model: FSTCClusterer | None = None
+        self.start_labels_: np.ndarray | None = None  # the clusters of the k-FED start
         # torch pays a one-off cost on its first training step; pay it before joining, so it
         # does not count as round 1's training time.
         warm = FSTCClusterer(2, iterations=1, batch_size=8, random_state=seed)
@@ -79,11 +89,14 @@ class FSTCClient(ClientFamily):
         self.model = self._new_model()
 
     def local_state(self) -> dict[str, Any]:
-        return {} if self.model is None else self.model.local_state()
+        if self.model is None:
+            return {}
+        return {**self.model.local_state(), "start_labels": self.start_labels_}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         if self.model is not None and state:
             self.model.load_local_state(state)
+            self.start_labels_ = state.get("start_labels")
 
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
@@ -95,6 +108,8 @@ class FSTCClient(ClientFamily):
                 self.model.set_arrays(arrays)
             else:
                 self.model.init_from_centers(arrays[CENTERS])
+        if self.start_labels_ is None:
+            self.start_labels_ = self.model.predict(self.inputs)
         t0 = time.perf_counter()
         self.model.fit(self.inputs, np.asarray(arrays[CENTERS]), texts=self.texts)
         train_time = time.perf_counter() - t0
@@ -102,12 +117,31 @@ class FSTCClient(ClientFamily):
         if meta.get("final"):
             out.update(self.model.get_arrays())
         h = self.model.history_[-1]
+        sizes = size_signals(self.model.counts_)
+        log.info("round %d: cluster sizes' entropy %.2f of its most, %.2f (total variation) "
+                 "from the equal marginal the transport assumes", round_,
+                 sizes["size_entropy"], sizes["marginal_gap"])
         return FitResult(out, self.n_samples,
                          {"train_loss": h["loss"], "loss_c": h["loss_c"],
                           "loss_align": h["loss_align"], "loss_neighbor": h["loss_neighbor"],
                           "loss_balance": h["loss_balance"],
-                          "kept": h["kept"], "pi": h["pi"],
+                          "kept": h["kept"], "pi": h["pi"], **sizes,
                           "train_time": train_time})
+
+    def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                     ) -> dict[str, float]:
+        """:meth:`evaluate`, and how far the final clusters are from the k-FED start
+        (``start_nmi``, no labels needed), with a warning when they are far."""
+        scores = self.evaluate(meta, arrays)
+        if self.start_labels_ is not None and "head.weight" in arrays:
+            final = self._new_model().set_arrays(arrays).predict(self.inputs)
+            nmi = float(normalized_mutual_info_score(self.start_labels_, final))
+            scores["start_nmi"] = nmi
+            if nmi < FAR_FROM_START_NMI:
+                log.warning("FSTC's final clusters agree with its k-FED start at NMI %.2f only: "
+                            "it moved far from it, which on unequal clusters has meant worse "
+                            "clusters (docs/FSTC.md); compare with the local-only baseline", nmi)
+        return scores
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
