@@ -40,7 +40,7 @@ from common.config import load_config  # noqa: E402
 from common.data.shards import local_data  # noqa: E402
 from common.privacy.dp import ClientDPParams, DPSGDParams, PrivacyParams  # noqa: E402
 from fedctl.bench.harness import bench_config, run_cluster  # noqa: E402
-from fedctl.bench.report import command_line  # noqa: E402
+from fedctl.bench.report import command_line, median_range  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 EPSILONS: tuple[float | None, ...] = (1.0, 2.0, 4.0, 8.0, None)  # None: no privacy
@@ -106,15 +106,6 @@ def run_one(folder: Path, kind: str, eps: float | None, seed: int) -> dict[str, 
          "median_train_s": res["median_slowest_train_s"]}
     done.write_text(json.dumps(r, indent=2))
     return r
-
-
-def cell(xs: list[float], digits: int = 4) -> str:
-    if not xs:
-        return "—"
-    med = statistics.median(xs)
-    if len(xs) == 1:
-        return f"{med:.{digits}f}"
-    return f"{med:.{digits}f} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
 
 
 def eps_label(eps: float | None) -> str:
@@ -193,11 +184,12 @@ def main() -> None:
                  else f"{100 * (statistics.median(pooled) - ref):+.2f}")
         sig = [r["noise_multiplier"] for r in rs if r["noise_multiplier"] is not None]
         spent = [r["epsilon"] for r in rs if r["epsilon"] is not None]
-        lines.append(f"| {eps_label(eps)} | {cell(sig, 3)} | {cell(spent, 3)} | {cell(pooled)} "
-                     f"| {cell([r['mean_f1'] for r in rs])} | {delta} | "
-                     f"{cell([r['median_round_s'] for r in rs], 3)} |")
+        lines.append(f"| {eps_label(eps)} | {median_range(sig, 3)} | "
+                     f"{median_range(spent, 3)} | {median_range(pooled)} "
+                     f"| {median_range([r['mean_f1'] for r in rs])} | {delta} | "
+                     f"{median_range([r['median_round_s'] for r in rs], 3)} |")
     central = [r["centralized_pooled_f1"] for r in record]
-    lines += ["", f"Centralized reference (pooled training data, no DP): {cell(central)}."]
+    lines += ["", f"Centralized reference (pooled training data, no DP): {median_range(central)}."]
     if ref is not None:
         at8 = [r["pooled_f1"] for r in record if r["epsilon_target"] == 8.0]
         if at8:
@@ -210,7 +202,8 @@ def main() -> None:
                   "workers' mean macro-F1 | median round (s) |", "|---|---|---|---|---|---|---|"]
         for r in client:
             lines.append(f"| {eps_label(r['epsilon_target'])} | "
-                         f"{cell([r['noise_multiplier']], 3) if r['noise_multiplier'] else '—'} | "
+                         f"{format(r['noise_multiplier'], '.3f') if r['noise_multiplier'] else '—'}"
+                         " | "
                          f"{CLIENT_CLIP if r['epsilon_target'] else '—'} | "
                          f"{r['epsilon'] if r['epsilon'] is None else format(r['epsilon'], '.3f')}"
                          f" | {r['pooled_f1']:.4f} | {r['mean_f1']:.4f} | "

@@ -54,7 +54,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.runlog import read_metrics  # noqa: E402
-from fedctl.bench.report import command_line  # noqa: E402
+from fedctl.bench.report import command_line, median_range  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -160,15 +160,6 @@ def run_one(folder: Path, alpha: float, label: str, seed: int, baselines: bool
             [row["centralized_macro_f1"] for row in summary["comparison"]]))
     done.write_text(json.dumps(r, indent=2))
     return r
-
-
-def spread(xs: list[float], digits: int = 4) -> str:
-    if not xs:
-        return "—"
-    med = statistics.median(xs)
-    if len(xs) == 1:
-        return f"{med:.{digits}f}"
-    return f"{med:.{digits}f} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
 
 
 def rounds_cell(rs: list[dict[str, Any]]) -> str:
@@ -301,8 +292,8 @@ def main() -> None:
                    if alpha in central and r["seed"] == central[alpha]["seed"]]
             rows.append(
                 f"| {alpha} | {label} | {len(rs)} ({','.join(str(r['seed']) for r in rs)}) | "
-                f"{rounds_cell(rs)} | {spread([r['final_mean_f1'] for r in rs])} | "
-                f"{spread([r['final_pooled_f1'] for r in rs])} | "
+                f"{rounds_cell(rs)} | {median_range([r['final_mean_f1'] for r in rs])} | "
+                f"{median_range([r['final_pooled_f1'] for r in rs])} | "
                 f"{f'{gap[0]:+.2f}' if gap else '—'} |")
     table = [
         f"| α | strategy | seeds | rounds to mean macro-F1 ≥ {TARGET} | final mean macro-F1 "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,17 @@ def command_line(root: Path) -> str:
     script = Path(sys.argv[0]).resolve()
     shown = str(script.relative_to(root)) if script.is_relative_to(root) else sys.argv[0]
     return "python " + " ".join(shlex.quote(a) for a in [shown, *sys.argv[1:]])
+
+
+def median_range(xs: list[float], digits: int = 4) -> str:
+    """A table cell for repeated runs: ``median (min–max)``, the value alone for one run, a
+    dash for none."""
+    if not xs:
+        return "—"
+    med = statistics.median(xs)
+    if len(xs) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
 
 
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
