@@ -172,3 +172,21 @@ def test_clear_ends_a_refused_worker_and_a_master_whose_workers_are_gone(
     assert master.wait(timeout=120) != 0
     assert "0 worker(s) heard from (none)" in procs.log("master")
     assert (out / "checkpoint.npz").exists()  # kept, to resume once the workers are back
+
+
+def test_a_master_left_with_fewer_than_min_workers_ends(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """Two workers, min_workers 2: w2 killed mid-run leaves w1 alone, no round could close;
+    after heartbeat_timeout + join_timeout the master ends, naming the one it still hears."""
+    cfg = make_config(tmp_path, workers=2, rounds=200, heartbeat_timeout=2, join_timeout=3,
+                      model=JOBS["mlp_scaffold"]["model"], data={"task": "multiclass"})
+    out = tmp_path / "out"
+    master = procs.master(cfg)
+    procs.worker(cfg, "w1")
+    procs.worker(cfg, "w2")
+    wait_for(lambda: len(_rounds(out)) >= 2, 300, "round 2", procs.check_alive_or_ok)
+    procs.procs["w2"].send_signal(signal.SIGKILL)
+    assert master.wait(timeout=120) != 0
+    said = procs.log("master")
+    assert "1 worker(s) heard from (w1)" in said and "min_workers is 2" in said, said
+    assert (out / "checkpoint.npz").exists()
