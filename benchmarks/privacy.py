@@ -11,9 +11,11 @@ the default job as it ships (lr 0.001, batches of 64). Each run is the master an
 processes, as ``fedctl run`` starts them (:func:`fedctl.bench.harness.run_cluster`).
 
 **Client-level DP-FedAvg.** The same data shared out among 100 workers (threads of one
-process: 100 processes would not fit this machine), every worker every round, 20 rounds, at
-ε = 8 and without privacy, seed 0; the private run clips each update's change to 0.1 with the
-noise multiplier that spends ε = 8 over the 20 rounds.
+process: 100 processes would not fit this machine), every worker every round, 20 rounds, lr
+0.01 and 5 local epochs (a worker holds about 80 documents), at ε = 8 and without privacy, seed
+0; the private run clips each update's change to 2.0 with the noise multiplier that spends ε = 8
+over the 20 rounds (an in-process simulation gave 0.54, 0.67, 0.92, 0.97 and 0.94 pooled
+macro-F1 with clips of 0.2, 0.5, 1, 2 and 4).
 
 Scores: the final model's macro-F1 on all workers' test splits pooled (``comparison.json``'s
 ``federated`` row) and the mean of the workers' own; ε as reported (``summary.json``); the
@@ -47,7 +49,7 @@ EPSILONS: tuple[float | None, ...] = (1.0, 2.0, 4.0, 8.0, None)  # None: no priv
 DELTA = 1e-5
 ROUNDS = 20
 DP_LR, DP_BATCH, DP_EPOCHS, DP_CLIP = 0.02, 256, 2, 1.0
-CLIENT_WORKERS, CLIENT_CLIP = 100, 0.1
+CLIENT_WORKERS, CLIENT_CLIP, CLIENT_LR, CLIENT_EPOCHS = 100, 2.0, 0.01, 5
 
 
 def noise_for(eps: float, sample_rate: float, steps: int) -> float:
@@ -78,6 +80,8 @@ def client_config(work: Path, eps: float | None) -> Any:
     cfg = bench_config(base, work / "out", n_workers=CLIENT_WORKERS, rounds=ROUNDS, seed=0,
                        baselines=True, eval_every=0, heartbeat_timeout=60.0,
                        **{"security.mode": "none"})
+    # ~80 documents a worker: the default lr and epoch leave the model where it started.
+    cfg.model = {**cfg.model, "lr": CLIENT_LR, "local_epochs": CLIENT_EPOCHS}
     if eps is None:
         return cfg, None
     sigma = noise_for(eps, 1.0, ROUNDS)
@@ -151,7 +155,6 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="privacy_"))
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    t0 = time.monotonic()
     record, client = [], []
     for seed in seeds:
         for eps in EPSILONS:
@@ -208,8 +211,9 @@ def main() -> None:
                          f"{r['epsilon'] if r['epsilon'] is None else format(r['epsilon'], '.3f')}"
                          f" | {r['pooled_f1']:.4f} | {r['mean_f1']:.4f} | "
                          f"{r['median_round_s']:.3f} |")
-    lines += ["", f"{len(record) + len(client)} runs, {(time.monotonic() - t0) / 60:.1f} min "
-              f"on this 2-core machine (shared with other work). Work folder: `{work}`."]
+    minutes = sum(r["wall_s"] for r in record + client) / 60
+    lines += ["", f"{len(record) + len(client)} runs, {minutes:.1f} min of runs on this 2-core "
+              f"machine (shared with other work). Work folder: `{work}`."]
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "privacy.md").write_text("\n".join(lines) + "\n")
     (args.results / "privacy.json").write_text(json.dumps({"record": record, "client": client},

@@ -58,13 +58,15 @@ class ClientDPParams:
 
     Parameters
     ----------
-    clip : float, default 0.1
-        Each update's change to the global model is clipped to this L2 norm.
+    clip : float, default 1.0
+        Each update's change to the global model is clipped to this L2 norm. It should be
+        near the changes' usual norm: far below, every update is cut short; far above, the
+        noise (proportional to it) drowns them.
     noise_multiplier : float, default 1.0
         σ: the noise on the sum of the clipped changes has standard deviation σ · clip.
     """
 
-    clip: float = 0.1
+    clip: float = 1.0
     noise_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
