@@ -193,5 +193,6 @@ def _print_results(out: Path) -> None:
     trained = json.loads((out / "summary.json").read_text()).get("trained", {})
     seen = sum(e.get("n_samples", 0) for e in events if e["event"] == "worker_round")
     print("trained: " + ", ".join(f"{n} {unit}" for unit, n in trained.items())
-          + f"; {seen} documents seen by the workers over the rounds")
+          + f"; the updates came from {seen} training documents (each worker's, counted "
+            f"once a round whatever its local epochs)")
     print(f"model, metrics, comparison and logs in {out}")
