@@ -314,14 +314,31 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(text.replace(config, display_name) if display_name
                                    else text) from None
+    from common.privacy.dp import describe
     from master.families import server_family_class
 
     own_rule = family and server_family_class(cfg).own_rule is not None
     summary = {"config": display_name or config, "family": cfg.family,
-               "strategy": "its own rule" if own_rule else cfg.strategy["name"],
+               "strategy": ("its own rule" if own_rule else "dpfedavg"
+                            if cfg.privacy.client_dp is not None else cfg.strategy["name"]),
                "rounds": cfg.rounds,
                "workers": [w.name for w in cfg.workers], "master": cfg.master.rep_endpoint,
                "security": cfg.security.mode}
+    privacy = cfg.privacy
+    said = []
+    if privacy.dp_sgd is not None:
+        said.append(f"record-level DP-SGD (σ {privacy.dp_sgd.noise_multiplier:g}, per-document "
+                    f"clip {privacy.dp_sgd.max_grad_norm:g})")
+    if privacy.client_dp is not None:
+        said.append(f"client-level DP-FedAvg (σ {privacy.client_dp.noise_multiplier:g}, update "
+                    f"clip {privacy.client_dp.clip:g})")
+    if said:
+        summary["privacy"] = describe(privacy)
+        target = ("" if privacy.target_epsilon is None
+                  else f", training ends before ε passes {privacy.target_epsilon:g}")
+        said_line = f" Privacy: {' and '.join(said)}, ε at δ {privacy.delta:g}{target}."
+    else:
+        said_line = ""
     if found is not None:
         summary |= {"documents": {w: {"train": a, "test": b}
                                   for w, (a, b) in found.documents.items()},
@@ -341,7 +358,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     click.echo(f"{summary['config']}: valid. Family {cfg.family} (strategy "
                f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
                f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or 'none'}), "
-               f"master {summary['master']}, security {cfg.security.mode}.{data}")
+               f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

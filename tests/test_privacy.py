@@ -150,6 +150,13 @@ def test_fedctl_check_refuses_a_bad_privacy_section(extra, refusal, tmp_path: Pa
     assert refusal in line, line
 
 
+def test_fedctl_check_says_what_privacy_a_file_asks_for() -> None:
+    done = run_fedctl("check", "-c", str(ROOT / "examples" / "mlp_dp.yaml"))
+    assert done.returncode == 0, done.stderr
+    assert ("Privacy: record-level DP-SGD (σ 1.9, per-document clip 1), ε at δ 1e-05, training "
+            "ends before ε passes 8.") in done.stdout, done.stdout
+
+
 def test_laplace_moves_under_privacy_with_its_meaning(tmp_path: Path) -> None:
     base = {"workers": ["w1"], "data": {"path": str(tmp_path / "x.jsonl")}}
     cfg = parse_config({**base, "model": {"family": "lda"},
