@@ -40,13 +40,19 @@ class PrivacyLedger:
         self.record_: dict[str, float] = {}  # worker -> ε after its last reported round
         self.record_next_: dict[str, float] = {}  # worker -> ε after one round more
         self.stopped_: str | None = None
+        # rounds -> client-level ε: each round's stop rule asks for the next round's, which
+        # that round's event then reports (the accountant takes some 30 ms a call)
+        self._client: dict[int, float] = {}
 
     def client_epsilon(self, rounds: int) -> float | None:
         """Client-level ε after ``rounds`` aggregated rounds (None without ``client_dp``)."""
         dp = self.params.client_dp
         if dp is None:
             return None
-        return epsilon(dp.noise_multiplier, self.client_fraction, rounds, self.params.delta)
+        if rounds not in self._client:
+            self._client[rounds] = epsilon(dp.noise_multiplier, self.client_fraction, rounds,
+                                           self.params.delta)
+        return self._client[rounds]
 
     def first_round_refusal(self, n_samples: Mapping[str, int], batch_size: int,
                             local_epochs: int) -> str | None:

@@ -144,14 +144,23 @@ def describe(params: PrivacyParams) -> dict[str, Any]:
     return out
 
 
-def clip_update(new: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], bound: float
-                ) -> tuple[dict[str, np.ndarray], float]:
-    """``new`` moved back towards ``base`` so that its change ``new − base`` has L2 norm at
-    most ``bound`` (over all arrays together); returns it and the change's norm before."""
+def clipped_change(new: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray],
+                   bound: float) -> tuple[dict[str, np.ndarray], float]:
+    """The change ``new − base`` (float64), scaled so that its L2 norm over all arrays
+    together is at most ``bound``; and its norm before."""
     delta = {n: np.asarray(new[n], dtype=np.float64) - np.asarray(base[n], dtype=np.float64)
              for n in new}
     norm = math.sqrt(sum(float(np.dot(d.ravel(), d.ravel())) for d in delta.values()))
-    scale = 1.0 if norm <= bound else bound / norm
-    clipped = {n: (np.asarray(base[n], dtype=np.float64) + scale * d).astype(
-        np.asarray(new[n]).dtype) for n, d in delta.items()}
-    return clipped, norm
+    if norm > bound:
+        for d in delta.values():
+            d *= bound / norm
+    return delta, norm
+
+
+def clip_update(new: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], bound: float
+                ) -> tuple[dict[str, np.ndarray], float]:
+    """``new`` moved back towards ``base`` so that its change has L2 norm at most ``bound``
+    (:func:`clipped_change`), in ``new``'s dtypes; and the change's norm before."""
+    change, norm = clipped_change(new, base, bound)
+    return ({n: (np.asarray(base[n], dtype=np.float64) + d).astype(np.asarray(new[n]).dtype)
+             for n, d in change.items()}, norm)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from common.privacy.dp import clip_update
+from common.privacy.dp import clipped_change
 from master.strategies.base import ClientResult, Strategy
 
 
@@ -52,10 +52,10 @@ class DPFedAvg(Strategy):
         total = {n: np.zeros(np.shape(a), dtype=np.float64) for n, a in current.items()}
         self.clipped_norms_ = []
         for r in results:  # the master clips too: a worker that did not is no exception
-            clipped, norm = clip_update(r.arrays, current, self.clip)
+            change, norm = clipped_change(r.arrays, current, self.clip)
             self.clipped_norms_.append(norm)
             for n in total:
-                total[n] += clipped[n].astype(np.float64) - current[n]
+                total[n] += change[n]
         sd = self.noise_multiplier * self.clip
         return {n: (np.asarray(current[n], dtype=np.float64)
                     + (total[n] + self._rng.normal(0.0, sd, size=total[n].shape))

@@ -132,15 +132,17 @@ class FSTCClient(ClientFamily):
                      ) -> dict[str, float]:
         """:meth:`evaluate`, and how far the final clusters are from the k-FED start
         (``start_nmi``, no labels needed), with a warning when they are far."""
-        scores = self.evaluate(meta, arrays)
-        if self.start_labels_ is not None and "head.weight" in arrays:
-            final = self._new_model().set_arrays(arrays).predict(self.inputs)
-            nmi = float(normalized_mutual_info_score(self.start_labels_, final))
-            scores["start_nmi"] = nmi
-            if nmi < FAR_FROM_START_NMI:
-                log.warning("FSTC's final clusters agree with its k-FED start at NMI %.2f only: "
-                            "it moved far from it, which on unequal clusters has meant worse "
-                            "clusters (docs/FSTC.md); compare with the local-only baseline", nmi)
+        if self.start_labels_ is None or "head.weight" not in arrays:
+            return self.evaluate(meta, arrays)
+        # What evaluate() scores, from one prediction of the final model that serves both.
+        final = self._new_model().set_arrays(arrays).predict(self.inputs)
+        scores = {**score_clustering(self.y, final), **self._local_scores()}
+        nmi = float(normalized_mutual_info_score(self.start_labels_, final))
+        scores["start_nmi"] = nmi
+        if nmi < FAR_FROM_START_NMI:
+            log.warning("FSTC's final clusters agree with its k-FED start at NMI %.2f only: it "
+                        "moved far from it, which on unequal clusters has meant worse clusters "
+                        "(docs/FSTC.md); compare with the local-only baseline", nmi)
         return scores
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
@@ -155,10 +157,14 @@ class FSTCClient(ClientFamily):
             C = np.asarray(arrays[CENTERS], dtype=np.float32)
             d2 = (H**2).sum(1)[:, None] - 2 * H @ C.T + (C**2).sum(1)[None, :]
             scores = score_clustering(self.y, d2.argmin(axis=1))
-        if self.model is not None and self.model.head_ is not None:
-            local = self.model.score(self.inputs, self.y)
-            scores.update({f"local_{k}": local[k] for k in ("accuracy", "nmi") if k in local})
-        return scores
+        return {**scores, **self._local_scores()}
+
+    def _local_scores(self) -> dict[str, float]:
+        """While training, this worker's own head's scores (``local_*``)."""
+        if self.model is None or self.model.head_ is None:
+            return {}
+        local = self.model.score(self.inputs, self.y)
+        return {f"local_{k}": local[k] for k in ("accuracy", "nmi") if k in local}
 
     def local_baseline(self) -> dict[str, float]:
         """The same model and budget (rounds × iterations) on this worker's documents alone:

@@ -68,13 +68,13 @@ class MLPClient(ClientFamily):
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
-        spent = self._epsilons()
+        after = self._epsilon_after(1)  # once this round is trained (None without DP-SGD)
         target = self.cfg.privacy.target_epsilon
-        if target is not None and spent and spent["epsilon_next"] > target:
+        if target is not None and after is not None and after > target:
             # The master ends training before this; a worker does not rely on it.
             raise RuntimeError(f"privacy budget: round {round_} would take this worker's ε to "
-                               f"{spent['epsilon_next']:.3g}, past target_epsilon {target:g}; "
-                               f"it leaves the job rather than train it")
+                               f"{after:.3g}, past target_epsilon {target:g}; it leaves the job "
+                               f"rather than train it")
         self.model.set_arrays(arrays)
         control = meta.get("strategy_arrays")  # SCAFFOLD's server control variate c
         names = [n for n, _ in self.model.model_.named_parameters()]
@@ -96,23 +96,23 @@ class MLPClient(ClientFamily):
                    .astype(np.float32) for n in names}
             out = {**out, **{CHANGE + n: new[n] - mine[n] for n in names}}
             self.control_ = new
+        # A round takes exactly sgd_steps_per_round steps, so ε now is `after`; the accountant
+        # (some 30 ms a call) runs once more, for the round after (the master's stop rule).
+        privacy = ({} if after is None else
+                   {"epsilon": after, "epsilon_next": self._epsilon_after(1)})
         return FitResult(out, len(self.y_train),
                          {"train_loss": self.model.last_loss_, "train_time": train_time,
-                          **self._epsilons()})
+                          **privacy})
 
-    def _epsilons(self) -> dict[str, float]:
-        """With DP-SGD, this worker's own accountant: ε after the steps it has taken, and
-        after one more round (the master ends training before a round that would pass
-        ``privacy.target_epsilon``)."""
-        dp, privacy = self.cfg.privacy.dp_sgd, self.cfg.privacy
+    def _epsilon_after(self, rounds: int) -> float | None:
+        """With DP-SGD, this worker's own accountant: its ε once it has trained ``rounds``
+        more rounds. None without DP-SGD."""
+        dp = self.cfg.privacy.dp_sgd
         if dp is None or self.model is None:
-            return {}
+            return None
         n, b = len(self.y_train), self.params.batch_size
-        q, steps = sgd_sample_rate(b, n), self.model.dp_steps_
-        per_round = sgd_steps_per_round(b, n, self.params.local_epochs)
-        return {"epsilon": epsilon(dp.noise_multiplier, q, steps, privacy.delta),
-                "epsilon_next": epsilon(dp.noise_multiplier, q, steps + per_round,
-                                        privacy.delta)}
+        steps = self.model.dp_steps_ + rounds * sgd_steps_per_round(b, n, self.params.local_epochs)
+        return epsilon(dp.noise_multiplier, sgd_sample_rate(b, n), steps, self.cfg.privacy.delta)
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
