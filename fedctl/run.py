@@ -193,6 +193,6 @@ def _print_results(out: Path) -> None:
     trained = json.loads((out / "summary.json").read_text()).get("trained", {})
     seen = sum(e.get("n_samples", 0) for e in events if e["event"] == "worker_round")
     print("trained: " + ", ".join(f"{n} {unit}" for unit, n in trained.items())
-          + f"; the updates came from {seen} training documents (each worker's, counted "
-            f"once a round whatever its local epochs)")
+          + f"; the updates' weights sum to {seen} (training documents, tokens for lda; "
+            f"each worker's once a round, whatever its local epochs)")
     print(f"model, metrics, comparison and logs in {out}")
