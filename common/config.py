@@ -23,6 +23,7 @@ from common import constants as C
 from common.data.partitions import SCHEMES
 from common.data.reading import TASKS
 from common.privacy.dp import ClientDPParams, DPSGDParams, PrivacyParams
+from common.secagg.params import SecAggParams
 
 
 class ConfigError(ValueError):
@@ -384,7 +385,7 @@ def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
     if cfg.security.explicit:
         out["security"] = {k: v for k, v in sec.items() if k != "explicit" and v is not None}
     privacy = {k: v for k, v in out.pop("privacy").items() if v is not None}
-    if cfg.privacy.any:
+    if cfg.privacy != PrivacyParams():
         out["privacy"] = privacy
     return out
 
@@ -484,7 +485,8 @@ def _privacy(raw: Any, cfg: ClusterConfig, src: str) -> PrivacyParams:
         return PrivacyParams()
     where = f"{src}: privacy"
     sec = dict(_section({"privacy": raw}, "privacy",
-                        {"dp_sgd", "client_dp", "delta", "target_epsilon", "laplace"}, src))
+                        {"dp_sgd", "client_dp", "delta", "target_epsilon", "laplace",
+                         "secure_aggregation"}, src))
     laplace = sec.pop("laplace", None)
     if laplace is not None:
         _expect(isinstance(laplace, dict), f"{where}.laplace", "a mapping of epsilon, tau",
@@ -498,7 +500,8 @@ def _privacy(raw: Any, cfg: ClusterConfig, src: str) -> PrivacyParams:
                 raise ConfigError(f"{where}.laplace.{key}: model.{key} says {cfg.model[key]!r}; "
                                   f"write it once")
             cfg.model[key] = value
-    for key, cls in (("dp_sgd", DPSGDParams), ("client_dp", ClientDPParams)):
+    for key, cls in (("dp_sgd", DPSGDParams), ("client_dp", ClientDPParams),
+                     ("secure_aggregation", SecAggParams)):
         if sec.get(key) is not None:
             value = sec[key]
             _expect(isinstance(value, dict), f"{where}.{key}", "a mapping", value)

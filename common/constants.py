@@ -127,3 +127,11 @@ REP_RCVHWM = 64
 
 #: Socket linger on close, in milliseconds: a closing socket drops unsent messages after this.
 LINGER_MS = 1000
+
+#: Secure aggregation: how long a stage after the first (shares, masked inputs, unmasking)
+#: waits for workers that are alive but slow before it goes on with those it has (at least the
+#: threshold). A worker that dies is dropped as soon as its heartbeats stop.
+SECAGG_STAGE_TIMEOUT = 60.0
+
+#: How often a worker asks whether the next stage of a secure round is ready.
+SECAGG_POLL_INTERVAL = 0.01

@@ -35,6 +35,8 @@ from common.net.transport import (
 )
 from common.net.wire import Message, ProtocolError
 from common.runlog import MetricsLog, read_metrics
+from common.secagg.protocol import round_context
+from common.secagg.ring import from_sum, vector_size
 from common.tracking import make_sinks
 from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
@@ -43,6 +45,9 @@ from master.families.base import check_arrays
 from master.outputs import write_config, write_model, write_results
 from master.privacy import PrivacyLedger
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
+from master.secagg import DONE as SECURE_DONE
+from master.secagg import FAILED as SECURE_FAILED
+from master.secagg import SecureRound
 from master.strategies import ClientResult
 
 log = logging.getLogger("fedctl.master")
@@ -90,6 +95,7 @@ class Master:
         self.roster = Roster(cfg.heartbeat_timeout, cfg.client_fraction, cfg.seed)
         self.workers = self.roster.workers  # by id: what the master knows of each
         self.open: RoundState | None = None
+        self.secure: SecureRound | None = None  # the open round's, with secure_aggregation
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.jsonl",
@@ -234,7 +240,7 @@ class Master:
                                     f"{self.excluded[worker_id]}", code=errors.EXCLUDED)
             handler = {M.REGISTER: self._on_register, M.FETCH: self._on_fetch,
                        M.UPDATE: self._on_update, M.REPORT: self._on_report,
-                       M.PING: self._on_ping}[msg.kind]
+                       M.PING: self._on_ping, M.SECAGG: self._on_secagg}[msg.kind]
             handler(msg, nbytes)
         except ProtocolError as exc:
             self._refuse(exc.code, str(exc), identity or worker_id)
@@ -326,6 +332,8 @@ class Master:
                 "sent_at": time.time()}  # wall clock: latency on one machine's loopback
         if with_setup:
             body["setup"] = self.family.setup_info_
+        if self.secure is not None:
+            body["secagg"] = self.secure.settings()
         return body
 
     def _on_update(self, msg: Message, nbytes: int) -> None:
@@ -365,6 +373,14 @@ class Master:
             raise ProtocolError(f"update: n_samples must be 1-{most}, what {ws.worker_id}'s "
                                 f"registration allows", code=errors.BAD_FIELD)
         M.check_metrics(b["metrics"], "update.metrics")
+        if self.secure is not None:
+            # A masked input: nothing in it can be checked but its form (master/secagg.py).
+            self.secure.take_input(ws.worker_id, msg.arrays)
+            rnd.results[ws.worker_id] = ClientResult(ws.worker_id, {}, b["n_samples"])
+            rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
+            rnd.bytes_in += nbytes
+            send(self.rep, M.ACK, {"round": rnd.number, "duplicate": False})
+            return
         model = self.family.payload_for(ws.worker_id).arrays
         arrays = dict(msg.arrays)
         wanted = self.family.strategy.upload_arrays(model)
@@ -386,6 +402,18 @@ class Master:
         ws.report = dict(msg.body["report"])
         log.info("final report from %s", ws.worker_id)
         send(self.rep, M.ACK, {"round": self.round, "duplicate": False})
+
+    def _on_secagg(self, msg: Message, nbytes: int) -> None:
+        ws = self._worker(msg)
+        if self.cfg.privacy.secure_aggregation is None:
+            raise ProtocolError("this job has no secure aggregation", code=errors.REJECTED)
+        if self.phase == TRAINING and self.open is None and msg.body["round"] == self.round:
+            raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
+        if self.secure is None or self.open is None or msg.body["round"] != self.open.number:
+            raise ProtocolError(f"secagg for round {msg.body['round']}, but "
+                                f"{'round ' + str(self.round) if self.open else 'no round'} "
+                                f"is open", code=errors.STALE_ROUND)
+        send(self.rep, M.SECAGG, self.secure.on_request(ws.worker_id, msg.body))
 
     def _on_ping(self, msg: Message, nbytes: int) -> None:
         self._worker(msg)
@@ -537,6 +565,15 @@ class Master:
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
                          self.roster.sample() if fixed is None else fixed)
         self.open = rnd
+        sa = self.cfg.privacy.secure_aggregation
+        if sa is not None:
+            n_max = max(self.family.max_weight(self.workers[w].n_samples, self.workers[w].info)
+                        for w in rnd.participants)
+            self.secure = SecureRound(
+                sa, rnd.number, rnd.participants,
+                round_context(self.run_id, self.incarnation, rnd.number),
+                vector_size(self.family.payload_for("").arrays), n_max, rnd.deadline,
+                self.cfg.seed)
         first = rnd.number == 1  # the setup information rides along once
         t0 = time.perf_counter()
         if self.family.per_worker:
@@ -556,7 +593,12 @@ class Master:
     def _maybe_close_round(self, now: float) -> None:
         rnd = self.open
         assert rnd is not None
-        if not may_close(rnd, self.roster, self.cfg.min_workers, now):
+        if self.secure is not None:
+            # A secure round closes when its last stage does (master/secagg.py).
+            self.secure.advance(now, lambda w: w in self.roster and self.roster.alive(w, now))
+            if self.secure.stage not in (SECURE_DONE, SECURE_FAILED):
+                return
+        elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
             return
         missing = rnd.waiting()
         if missing:
@@ -586,6 +628,7 @@ class Master:
             self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
+        self.secure = None
         # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
         # the log never shows a round that a resumed master would run again.
         every = self.cfg.checkpoint_every
@@ -611,6 +654,8 @@ class Master:
         """Screen the round's updates, aggregate, and keep the result only if it can be right
         (:mod:`master.screening`); an aggregate that cannot is undone and retried without the
         update furthest out. False when no update is left to aggregate."""
+        if self.secure is not None:
+            return self._aggregate_secure(rnd)
         base = {w: self.family.payload_for(w).arrays for w in rnd.results}
         dist = {w: screening.distance(r.arrays, base[w]) for w, r in rnd.results.items()}
         counted = {w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
@@ -634,6 +679,42 @@ class Master:
             self._leave_out(rnd, worst, f"{problem}; left out as the update furthest out")
         log.warning("round %d: no update to aggregate: the model stays as it was", rnd.number)
         return False
+
+    def _aggregate_secure(self, rnd: RoundState) -> bool:
+        """Fold the round's secure sum in: the strategy gets one result, the weighted average
+        of the survivors' models, since that is all the master knows. No update can be
+        screened; the aggregate is still checked. False when the round failed."""
+        sa = self.secure
+        assert sa is not None
+        if sa.stage == SECURE_FAILED or sa.sum_ is None:
+            log.error("round %d: secure aggregation failed: %s; nothing of the round is "
+                      "applied, the model stays as it was", rnd.number, sa.failure)
+            self.metrics.write("secagg_failed", round=rnd.number, reason=sa.failure,
+                               time=time.time())
+            return False
+        survivors = sa.u3
+        before, strategy_state = self.family.global_, dict(self.family.strategy.state())
+        try:
+            arrays, _ = from_sum(sa.sum_, before.arrays)
+            self.family.check_update(arrays)
+            result = ClientResult("secure-sum", arrays,
+                                  sum(rnd.results[w].n_samples for w in survivors))
+            after = self.family.aggregate(rnd.number, [result]).arrays
+            problem = screening.aggregate_problem(before.arrays, after)
+        except Exception as exc:
+            log.debug("secure aggregation failed", exc_info=True)
+            problem = f"aggregation failed ({type(exc).__name__}: {exc})"
+        if problem is not None:
+            self.family.global_ = before
+            self.family.strategy.load_state(strategy_state)
+            log.warning("round %d: the secure sum cannot be applied: %s; the model stays as "
+                        "it was", rnd.number, problem)
+            return False
+        self.metrics.write("secagg", round=rnd.number, survivors=survivors,
+                           dropped=sorted(set(sa.u2) - set(survivors)),
+                           threshold=sa.threshold, error_bound=sa.error_bound(),
+                           time=time.time())
+        return True
 
     def _leave_out(self, rnd: RoundState, worker_id: str, why: str) -> None:
         rnd.results.pop(worker_id, None)

@@ -41,7 +41,10 @@ from common.net.transport import (
 )
 from common.net.wire import Message, ProtocolError
 from common.privacy.dp import clip_update
+from common.secagg.crypto import ShareDecryptionError
+from common.secagg.ring import to_vector
 from worker.families import ClientFamily, make_client_family
+from worker.secagg import SecAggError, SecureUpload
 from worker.snapshots import Snapshots
 
 log = logging.getLogger("fedctl.worker")
@@ -136,6 +139,7 @@ class Worker:
         self._last_upload = time.monotonic()
         self._received_at = time.time()
         self._sub_bytes = 0
+        self._clip_warned = False
 
     def _request(self, kind: str, body: dict[str, Any], arrays: dict | None = None) -> Message:
         assert self.req is not None
@@ -355,11 +359,26 @@ class Worker:
             self.snapshots.prune(int(body.get("keep", rnd - 1)))
             metrics["snapshot_time"] = time.perf_counter() - t0
         self.state_round = rnd
+        secure = body.get("secagg")
+        if secure is not None:
+            vector, clipped = to_vector(arrays, model, result.n_samples / int(secure["n_max"]),
+                                        float(secure["clip"]))
+            metrics["secagg_clipped"] = clipped
+            if clipped and not self._clip_warned:
+                self._clip_warned = True
+                log.warning("round %d: %.2g %% of the update's coordinates moved more than "
+                            "secure_aggregation.clip (%g) and were clipped", rnd, 100 * clipped,
+                            float(secure["clip"]))
         try:
-            reply = self._request(M.UPDATE, {"round": rnd, "version": int(body["version"]),
-                                             "n_samples": result.n_samples, "metrics": metrics,
-                                             "compression": self.compressor.kind,
-                                             "sent_at": time.time()}, arrays)
+            update = {"round": rnd, "version": int(body["version"]),
+                      "n_samples": result.n_samples, "metrics": metrics,
+                      "compression": self.compressor.kind, "sent_at": time.time()}
+            if secure is not None:
+                reply = SecureUpload(self.worker_id, secure,
+                                     lambda k, b, a: self._request(k, b, a)).run(
+                    rnd, update, vector)
+            else:
+                reply = self._request(M.UPDATE, update, arrays)
             # Only what the round measured: a step of several rounds has a loss in one of
             # them, and scores only where the master asked for them.
             said = [f"{label} {metrics[key]:.4f}" for key, label in (
@@ -375,6 +394,9 @@ class Worker:
                 return
             # Too late (the round closed at its deadline) or refused: move on to the next one.
             log.warning("round %d: update not accepted: %s", rnd, exc)
+        except (SecAggError, ShareDecryptionError) as exc:
+            log.warning("round %d: secure aggregation: %s; this worker sits the round out",
+                        rnd, exc)
         self.last_round = rnd
         self._last_upload = time.monotonic()
 

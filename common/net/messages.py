@@ -30,6 +30,7 @@ FETCH = "fetch"
 UPDATE = "update"
 REPORT = "report"
 PING = "ping"
+SECAGG = "secagg"  #: a stage of a secure round (master/secagg.py); the reply has this kind too
 
 # REP -> REQ
 WELCOME = "welcome"
@@ -56,6 +57,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     UPDATE: {"worker_id": str, "round": int, "version": int, "n_samples": int, "metrics": dict},
     REPORT: {"worker_id": str, "report": dict},
     PING: {"worker_id": str},
+    SECAGG: {"worker_id": str, "round": int, "stage": str},
 }
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from common.secagg.params import SecAggParams
+
 
 @dataclass
 class DPSGDParams:
@@ -88,12 +90,15 @@ class PrivacyParams:
         The δ every ε is reported at.
     target_epsilon : float, optional
         Training ends before a round whose ε (either kind) would exceed it.
+    secure_aggregation : SecAggParams, optional
+        The master learns only the sum of each round's updates (:mod:`common.secagg`).
     """
 
     dp_sgd: DPSGDParams | None = None
     client_dp: ClientDPParams | None = None
     delta: float = 1e-5
     target_epsilon: float | None = None
+    secure_aggregation: SecAggParams | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.delta < 1:

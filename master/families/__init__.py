@@ -51,6 +51,19 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
         dp = privacy.client_dp
         strategy = DPFedAvg(dp.clip, dp.noise_multiplier,
                             round(cfg.client_fraction * len(cfg.workers)))
+    if privacy.secure_aggregation is not None:
+        refusals = [("model", cls.secure_refusal(cfg.family_params)),
+                    ("strategy", strategy.secure_aggregation_refusal and
+                     f"{strategy.name}: {strategy.secure_aggregation_refusal}"),
+                    ("compression", cfg.compression["kind"] != "none" and
+                     "the masked ring elements are what is sent; set compression: none"),
+                    ("max_weight_fraction", cfg.max_weight_fraction is not None and
+                     "the master cannot cap weights it does not see")]
+        for what, why in refusals:
+            if why:
+                raise ConfigError(f"{cfg.source}: privacy.secure_aggregation: {what} "
+                                  f"{cls.name if what == 'model' else ''}cannot take part "
+                                  f"({why})".replace("  ", " "))
     unmet = sorted(set(strategy.client_settings()) - cls.client_settings)
     if unmet:
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs the workers to apply "

@@ -60,6 +60,15 @@ class ServerFamily(ABC):
     dp_sgd_refusal: str | None = "its training is not per-document gradient steps"
     #: Why its updates cannot be averaged by DP-FedAvg (``privacy.client_dp``); None: they can.
     client_dp_refusal: str | None = "its uploads are not a model FedAvg averages"
+    #: Why its rounds cannot be summed securely (``privacy.secure_aggregation``: workers send
+    #: masked, weighted changes of the global model, the master learns their sum); None: they
+    #: can.
+    secure_aggregation_refusal: str | None = "its uploads are not a model FedAvg averages"
+
+    @classmethod
+    def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
+        """:attr:`secure_aggregation_refusal` for these model settings."""
+        return cls.secure_aggregation_refusal
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg

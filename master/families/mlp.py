@@ -28,6 +28,7 @@ class MLPServer(ServerFamily):
     name = "mlp"
     dp_sgd_refusal = None
     client_dp_refusal = None
+    secure_aggregation_refusal = None
     client_settings = frozenset({"proximal_mu", "scaffold"})
     info_fields = frozenset({"input_dim", "classes"})
     needs_labels = True

@@ -55,6 +55,7 @@ class NMFServer(VocabularyServer):
     dp_sgd_refusal = ("its local solver updates the topics from every document's factors at "
                       "once, not by per-document gradient steps")
     client_dp_refusal = None
+    secure_aggregation_refusal = None
     client_settings = frozenset({"proximal_mu"})
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

@@ -59,6 +59,14 @@ class ProdLDAServer(VocabularyServer):
     dp_sgd_refusal = ("its batch norm mixes the documents of a batch, so no document has a "
                       "gradient of its own to clip")
     client_dp_refusal = None
+    secure_aggregation_refusal = None
+
+    @classmethod
+    def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
+        if params.get("mode", "sync") == "sync":
+            return ("mode sync's steps exchange gradients and batch statistics several times "
+                    "a step; not built for secure rounds yet: use mode fedavg")
+        return None
     client_settings = frozenset({"proximal_mu"})
     contextual_size = 0
 

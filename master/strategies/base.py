@@ -39,6 +39,9 @@ class Strategy(ABC):
     """
 
     name: str = "strategy"
+    #: Why the strategy cannot work from the sum of the updates alone
+    #: (``privacy.secure_aggregation``, where the master sees nothing else); None: it can.
+    secure_aggregation_refusal: str | None = None
 
     @abstractmethod
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]

@@ -37,6 +37,7 @@ class DPFedAvg(Strategy):
     """
 
     name = "dpfedavg"
+    secure_aggregation_refusal = "DP-FedAvg with secure aggregation is not built yet"
 
     def __init__(self, clip: float, noise_multiplier: float, expected_clients: int) -> None:
         self.clip = clip

@@ -16,6 +16,7 @@ class FedMedian(Strategy):
     range, whatever they send or claim."""
 
     name = "fedmedian"
+    secure_aggregation_refusal = "it must see each update to take their median"
 
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:

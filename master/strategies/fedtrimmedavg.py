@@ -22,6 +22,7 @@ class FedTrimmedAvg(Strategy):
     """
 
     name = "fedtrimmedavg"
+    secure_aggregation_refusal = "it must see each update to trim the extremes"
 
     def __init__(self, beta: float = 0.2) -> None:
         if not 0 <= beta < 0.5:

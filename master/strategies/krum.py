@@ -25,6 +25,7 @@ class Krum(Strategy):
     """
 
     name = "krum"
+    secure_aggregation_refusal = "it must see each update to score their distances"
 
     def __init__(self, num_malicious_clients: int = 0, num_clients_to_keep: int = 0) -> None:
         for key, value in (("num_malicious_clients", num_malicious_clients),

@@ -14,6 +14,8 @@ class MeanPooling(Strategy):
     """Unweighted mean of the clients' parameters."""
 
     name = "mean"
+    secure_aggregation_refusal = ("it weights every worker the same; secure rounds weight by "
+                                  "documents: use fedavg")
 
     def __init__(self) -> None:
         self._buffers = BufferPool()  # the global model's memory, recycled round to round

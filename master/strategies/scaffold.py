@@ -41,6 +41,8 @@ class Scaffold(Strategy):
     """
 
     name = "scaffold"
+    secure_aggregation_refusal = ("its control variates are per worker, not a sum (not built "
+                                  "for secure rounds)")
 
     def __init__(self, server_learning_rate: float = 1.0) -> None:
         if not server_learning_rate > 0:

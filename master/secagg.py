@@ -1,0 +1,318 @@
+"""The master's side of a secure round (SecAgg+, Bell et al. 2020): it relays keys and shares
+it cannot read, collects masked inputs it cannot read either, and learns only their sum.
+
+Stages, each closed when every worker still expected and alive has answered (a dead worker,
+no heartbeat for ``heartbeat_timeout``, is not waited for), or at the stage's deadline, and in
+either case only with at least ``threshold`` answers; else the round fails and nothing of it
+is applied:
+
+1. ``keys``: each participant's two public keys and a commitment to its self-mask seed. The
+   master pairs the ones that came (``neighbours``) and gives each its neighbours' keys.
+2. ``shares``: each worker's shares of its seed and of its mask key, one encrypted message per
+   neighbour; the master hands each worker those addressed to it.
+3. the masked inputs, as ``update`` requests.
+4. ``unmask`` / ``reveal``: the master names the workers whose inputs it has; each survivor
+   reveals, for each neighbour, the share of its seed (if its input came) or of its mask key
+   (if it dropped after sharing), never both. The master rebuilds those secrets, checks them
+   against what their owners committed to, and takes the masks off the sum.
+
+Nothing here touches a socket: :mod:`master.server` calls :meth:`SecureRound.on_request`,
+:meth:`SecureRound.take_input` and :meth:`SecureRound.advance`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from common import constants as C
+from common.net import errors
+from common.net.errors import ProtocolError
+from common.secagg import crypto, graph, shamir
+from common.secagg import protocol as P
+from common.secagg.params import SecAggParams
+from common.secagg.ring import RING_DTYPE, dequantize_sum, error_bound, levels
+
+log = logging.getLogger("fedctl.master")
+
+COLLECTING_KEYS, COLLECTING_SHARES, COLLECTING_INPUTS, COLLECTING_REVEALS, DONE, FAILED = (
+    "keys", "shares", "inputs", "reveals", "done", "failed")
+
+
+def _bytes(value: Any, size: int, what: str) -> bytes:
+    if not isinstance(value, bytes) or len(value) != size:
+        raise ProtocolError(f"secagg: {what} must be {size} bytes", code=errors.BAD_FIELD)
+    return value
+
+
+class SecureRound:
+    """One round's secure aggregation, from the keys to the unmasked sum.
+
+    Parameters
+    ----------
+    params : SecAggParams
+    number : int
+        The round.
+    participants : list of str
+    context : bytes
+        :func:`common.secagg.protocol.round_context` of the round.
+    vector_size : int
+        Length of each worker's input (the model's coordinates and the weight).
+    n_max : int
+        The largest weight a participant may claim: each scales its change by
+        ``n_samples / n_max``, so that the inputs stay within the clipping range.
+    deadline : float
+        When the ``keys`` stage stops waiting (the round's deadline, monotonic).
+    seed : int
+        Seeds the neighbour graph (it need not be secret: SecAgg+'s security holds for any
+        graph the master picks, given the threshold).
+    """
+
+    def __init__(self, params: SecAggParams, number: int, participants: list[str],
+                 context: bytes, vector_size: int, n_max: int, deadline: float, seed: int
+                 ) -> None:
+        self.params = params
+        self.number = number
+        self.participants = sorted(participants)
+        self.context = context
+        self.vector_size = vector_size
+        self.n_max = n_max
+        self.threshold = params.threshold_for(len(participants))
+        self.levels = levels(len(participants))
+        self.points = {w: i + 1 for i, w in enumerate(self.participants)}
+        self.stage = COLLECTING_KEYS
+        self.stage_deadline = deadline
+        self._rng = random.Random(seed * 1_000_003 + number)
+        self.keys: dict[str, tuple[bytes, bytes, bytes]] = {}
+        self.graph: dict[str, list[str]] = {}
+        self.shares: dict[str, dict[str, bytes]] = {}
+        self.inputs: dict[str, np.ndarray] = {}
+        self.reveals: dict[str, tuple[dict[str, bytes], dict[str, bytes]]] = {}
+        self.sum_: np.ndarray | None = None  # the float sum, once unmasked
+        self.failure: str | None = None
+
+    # ------------------------------------------------------------------ who is where
+    @property
+    def u1(self) -> list[str]:
+        return sorted(self.keys)
+
+    @property
+    def u2(self) -> list[str]:
+        return sorted(self.shares)
+
+    @property
+    def u3(self) -> list[str]:
+        return sorted(self.inputs)
+
+    def settings(self) -> dict[str, Any]:
+        """What the round's body tells every worker."""
+        return {"threshold": self.threshold, "clip": self.params.clip, "levels": self.levels,
+                "points": self.points, "n_max": self.n_max, "context": self.context}
+
+    # ------------------------------------------------------------------ requests
+    def on_request(self, worker: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A worker's ``secagg`` request: its reply body (``ready`` false while the stage it
+        waits for is still collecting)."""
+        if worker not in self.points:
+            raise ProtocolError(f"{worker} was not sampled for round {self.number}",
+                                code=errors.NOT_SELECTED)
+        if self.stage == FAILED:
+            raise ProtocolError(f"round {self.number}'s secure aggregation failed: "
+                                f"{self.failure}", code=errors.STALE_ROUND)
+        stage = body.get("stage")
+        if stage == P.KEYS:
+            return self._on_keys(worker, body)
+        if stage == P.SHARES:
+            return self._on_shares(worker, body)
+        if stage == P.UNMASK:
+            if worker not in self.inputs:
+                raise ProtocolError(f"{worker} sent no masked input in round {self.number}",
+                                    code=errors.REJECTED)
+            if self.stage in (COLLECTING_KEYS, COLLECTING_SHARES, COLLECTING_INPUTS):
+                return {"ready": False}
+            return {"ready": True, "survivors": self.u3}
+        if stage == P.REVEAL:
+            return self._on_reveal(worker, body)
+        raise ProtocolError(f"secagg: unknown stage {str(stage)[:20]!r} (known: "
+                            f"{', '.join(P.STAGES)})", code=errors.BAD_FIELD)
+
+    def _on_keys(self, worker: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        keys = (_bytes(body.get("c_pk"), crypto.KEY_BYTES, "c_pk"),
+                _bytes(body.get("s_pk"), crypto.KEY_BYTES, "s_pk"),
+                _bytes(body.get("b_commit"), 32, "b_commit"))
+        if worker in self.keys:
+            if self.keys[worker] != keys:
+                raise ProtocolError(f"secagg: {worker} already gave other keys in round "
+                                    f"{self.number}", code=errors.REJECTED)
+        elif self.stage != COLLECTING_KEYS:
+            raise ProtocolError(f"secagg: round {self.number} no longer takes keys",
+                                code=errors.STALE_ROUND)
+        else:
+            self.keys[worker] = keys
+        if self.stage == COLLECTING_KEYS:
+            return {"ready": False}
+        return {"ready": True, "peers": {v: [self.keys[v][0], self.keys[v][1]]
+                                         for v in self.graph[worker]}}
+
+    def _on_shares(self, worker: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if worker not in self.graph:
+            raise ProtocolError(f"secagg: {worker} gave no keys in round {self.number}",
+                                code=errors.REJECTED)
+        shares = body.get("shares")
+        if not isinstance(shares, dict):
+            raise ProtocolError("secagg: shares must be a map of neighbour -> bytes",
+                                code=errors.BAD_FIELD)
+        wanted = set(self.graph[worker])
+        if set(shares) != wanted:
+            wrong = sorted(str(k)[:40] for k in set(shares) ^ wanted)
+            raise ProtocolError(f"secagg: {worker}'s shares are not addressed to its "
+                                f"neighbours in round {self.number} (misaddressed or missing: "
+                                f"{', '.join(wrong[:5])})", code=errors.BAD_FIELD)
+        for v, ct in shares.items():
+            if not isinstance(ct, bytes) or not 0 < len(ct) <= 1024:
+                raise ProtocolError(f"secagg: the share for {v} must be 1-1024 bytes",
+                                    code=errors.BAD_FIELD)
+        if worker in self.shares:
+            if self.shares[worker] != shares:
+                raise ProtocolError(f"secagg: {worker} already gave other shares in round "
+                                    f"{self.number}", code=errors.REJECTED)
+        elif self.stage != COLLECTING_SHARES:
+            raise ProtocolError(f"secagg: round {self.number} no longer takes shares",
+                                code=errors.STALE_ROUND)
+        else:
+            self.shares[worker] = dict(shares)
+        if self.stage == COLLECTING_SHARES:
+            return {"ready": False}
+        return {"ready": True, "inbox": {u: self.shares[u][worker]
+                                         for u in self.graph[worker] if u in self.shares}}
+
+    def take_input(self, worker: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """A masked input (an ``update``'s one array, ``secagg.masked``)."""
+        if self.stage != COLLECTING_INPUTS:
+            raise ProtocolError(f"secagg: round {self.number} takes no masked input now "
+                                f"(stage: {self.stage})", code=errors.STALE_ROUND)
+        if worker not in self.shares:
+            raise ProtocolError(f"secagg: {worker} gave no shares in round {self.number}",
+                                code=errors.REJECTED)
+        if set(arrays) != {"secagg.masked"}:
+            raise ProtocolError("secagg: an update carries one array, secagg.masked",
+                                code=errors.SHAPE)
+        y = arrays["secagg.masked"]
+        if y.dtype != RING_DTYPE:
+            raise ProtocolError(f"secagg.masked: dtype {y.dtype}, not {RING_DTYPE}",
+                                code=errors.DTYPE)
+        if y.shape != (self.vector_size,):
+            raise ProtocolError(f"secagg.masked: shape {list(y.shape)}, not "
+                                f"[{self.vector_size}]", code=errors.SHAPE)
+        self.inputs[worker] = y
+
+    def _on_reveal(self, worker: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if self.stage != COLLECTING_REVEALS:
+            raise ProtocolError(f"secagg: round {self.number} takes no reveals now (stage: "
+                                f"{self.stage})", code=errors.STALE_ROUND)
+        if worker not in self.inputs:
+            raise ProtocolError(f"secagg: {worker} sent no masked input in round "
+                                f"{self.number}", code=errors.REJECTED)
+        seeds, keys = body.get("b"), body.get("s")
+        if not isinstance(seeds, dict) or not isinstance(keys, dict):
+            raise ProtocolError("secagg: a reveal carries maps b and s", code=errors.BAD_FIELD)
+        group = set(self.graph[worker]) | {worker}
+        want_b = {v for v in group if v in self.inputs}
+        want_s = {v for v in group if v in self.shares and v not in self.inputs}
+        if set(seeds) != want_b or set(keys) != want_s:
+            raise ProtocolError(f"secagg: {worker}'s reveal must hold seed shares of "
+                                f"{sorted(want_b)} and key shares of {sorted(want_s)}",
+                                code=errors.BAD_FIELD)
+        for v in (*seeds.values(), *keys.values()):
+            _bytes(v, shamir.SHARE_BYTES, "a share")
+        self.reveals.setdefault(worker, (dict(seeds), dict(keys)))
+        return {"ready": True}
+
+    # ------------------------------------------------------------------ stages
+    def advance(self, now: float, alive: Callable[[str], bool]) -> None:
+        """Close the stage that can close; unmask once the reveals are in."""
+        if self.stage in (DONE, FAILED):
+            return
+        expected, got = {
+            COLLECTING_KEYS: (self.participants, self.keys),
+            COLLECTING_SHARES: (self.u1, self.shares),
+            COLLECTING_INPUTS: (self.u2, self.inputs),
+            COLLECTING_REVEALS: (self.u3, self.reveals),
+        }[self.stage]
+        pending = [w for w in expected if w not in got and alive(w)]
+        if pending and now < self.stage_deadline:
+            return
+        if self.stage == COLLECTING_REVEALS:
+            return self._unmask()
+        if len(got) < self.threshold:
+            return self._fail(f"{len(got)} of {len(expected)} workers reached the {self.stage} "
+                              f"stage, the threshold is {self.threshold}")
+        self.stage_deadline = now + C.SECAGG_STAGE_TIMEOUT
+        if self.stage == COLLECTING_KEYS:
+            k = self.params.neighbours
+            self.graph = graph.neighbours(self.u1, k, self._rng)
+            small = [w for w, ns in self.graph.items() if len(ns) + 1 < self.threshold]
+            if small:
+                return self._fail(f"{', '.join(small)} would have fewer neighbours than the "
+                                  f"threshold {self.threshold} needs")
+            self.stage = COLLECTING_SHARES
+        elif self.stage == COLLECTING_SHARES:
+            self.stage = COLLECTING_INPUTS
+        elif self.stage == COLLECTING_INPUTS:
+            self.stage = COLLECTING_REVEALS
+        log.debug("round %d: secure aggregation: %s stage", self.number, self.stage)
+
+    def _fail(self, why: str) -> None:
+        self.stage, self.failure = FAILED, why
+        self.inputs.clear()
+
+    def _unmask(self) -> None:
+        dropped = [v for v in self.u2 if v not in self.inputs]
+        seeds: dict[str, bytes] = {}
+        pair_keys: dict[tuple[str, str], bytes] = {}
+        for owner in self.u3 + dropped:
+            kind = 0 if owner in self.inputs else 1
+            held = {self.points[w]: self.reveals[w][kind][owner] for w in self.reveals
+                    if owner in self.reveals[w][kind]}
+            if len(held) < self.threshold:
+                return self._fail(f"{len(held)} share(s) of {owner}'s "
+                                  f"{'seed' if kind == 0 else 'mask key'} came back, the "
+                                  f"threshold is {self.threshold}")
+            try:
+                secret = shamir.combine(held)
+            except ValueError:
+                secret = b""
+            c_pk, s_pk, b_commit = self.keys[owner]
+            if kind == 0:
+                if hashlib.sha256(secret).digest() != b_commit:
+                    return self._fail(f"the shares of {owner}'s seed do not open what it "
+                                      f"committed to: a share is not genuine")
+                seeds[owner] = secret
+                continue
+            try:
+                private = crypto.private_from_bytes(secret)
+                genuine = crypto.public_bytes(private) == s_pk
+            except ValueError:
+                genuine = False
+            if not genuine:
+                return self._fail(f"the shares of {owner}'s mask key do not open its public "
+                                  f"key: a share is not genuine")
+            for u in self.graph[owner]:
+                if u in self.inputs:
+                    pair_keys[(u, owner)] = P.mask_key(private, self.keys[u][1], self.context,
+                                                       u, owner)
+        ring_sum = P.unmask(self.inputs, seeds, pair_keys)
+        self.sum_ = dequantize_sum(ring_sum, len(self.inputs), self.params.clip, self.levels)
+        self.stage = DONE
+        if dropped:
+            log.info("round %d: secure sum of %d workers (%s dropped after sharing: their "
+                     "masks removed)", self.number, len(self.inputs), ", ".join(dropped))
+
+    def error_bound(self) -> float:
+        """The largest quantization error of the unmasked sum, per coordinate."""
+        return error_bound(len(self.inputs), self.params.clip, self.levels)
