@@ -82,11 +82,14 @@ def embedding_identity(model_path: str | None = None) -> dict[str, str]:
     return {"name": "/".join(folder.parts[-2:]), "sha256": h.hexdigest()}
 
 
-def _cache_key(model_path: str, texts: list[str]) -> str:
-    """sha256 of the model's identity, a newline, then the texts joined by NUL.
+def _cache_key(model_path: str, texts: list[str], backend: str = "torch") -> str:
+    """sha256 of the model's identity, the backend, a newline, then the texts joined by NUL.
 
     The identity is the folder's last two path parts plus its config.json, so that two
     installs of one model share the cache and two models in folders called ``model`` do not.
+    The backend (a label of :func:`common.data.embedding_backends.resolve_backend`) is part of
+    the key unless it is ``torch``, whose key is the one caches had before there were
+    backends: one backend's embeddings are never served for another's.
     """
     h = hashlib.sha256()
     folder = Path(model_path)
@@ -94,6 +97,8 @@ def _cache_key(model_path: str, texts: list[str]) -> str:
     config = folder / "config.json"
     if config.is_file():
         h.update(config.read_bytes())
+    if backend != "torch":
+        h.update(b"\0backend=" + backend.encode("utf-8"))
     h.update(b"\n")
     # Fed piece by piece: same digest as hashing "\0".join(texts) without building that string.
     for i, text in enumerate(texts):
@@ -134,20 +139,49 @@ def _load_cached(cache_file: Path, n: int) -> np.ndarray | None:
     return arr.astype(np.float32, copy=False)
 
 
+def _encode_torch(texts: list[str], model_path: str, dev: str, batch_size: int,
+                  progress: bool) -> np.ndarray:
+    model = _load_model(model_path, dev)
+    emb = model.encode(
+        list(texts),
+        batch_size=batch_size,
+        show_progress_bar=progress,
+        convert_to_numpy=True,
+        normalize_embeddings=False,
+    )
+    return np.asarray(emb, dtype=np.float32)
+
+
 def embed_texts(
     texts: list[str],
     model_path: str | None = None,
     cache_dir: str | Path | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     device: str = "auto",
     progress: bool = True,
+    backend: str | None = None,
 ) -> np.ndarray:
-    """Sentence embeddings of ``texts``, cached on disk.
+    """Sentence embeddings of ``texts``, cached on disk: :func:`embed_texts_with_backend`
+    without the backend's name."""
+    return embed_texts_with_backend(texts, model_path, cache_dir, batch_size, device, progress,
+                                    backend)[0]
+
+
+def embed_texts_with_backend(
+    texts: list[str],
+    model_path: str | None = None,
+    cache_dir: str | Path | None = None,
+    batch_size: int | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    backend: str | None = None,
+) -> tuple[np.ndarray, str]:
+    """Sentence embeddings of ``texts``, cached on disk, and the backend that made them.
 
     The cache file is ``<cache_dir>/<key[:32]>.npy`` where ``key`` is the sha256 of the model
-    folder name and the texts. Concurrent callers (e.g. a master and its workers on one machine)
-    serialise on an exclusive :class:`filelock.FileLock` of ``<file>.lock``, so one computes and
-    the rest read.
+    folder name, the backend and the texts. Concurrent callers (e.g. a master and its workers
+    on one machine) serialise on an exclusive :class:`filelock.FileLock` of ``<file>.lock``, so
+    one computes and the rest read.
 
     Parameters
     ----------
@@ -157,22 +191,36 @@ def embed_texts(
         A sentence-transformers model folder; None means :func:`default_model_path`.
     cache_dir : str, Path or None, default None
         None means ``$FEDCTL_CACHE_DIR``, or ``~/.cache/fedctl/embeddings`` if that is unset.
-    batch_size : int, default 64
+        (Exported backends keep their model in
+        :func:`common.data.embedding_backends.models_dir`.)
+    batch_size : int or None, default None
+        None means the backend's own (:data:`common.data.embedding_backends.DEFAULT_BATCH`).
     device : str, default "auto"
         See :func:`resolve_device`.
     progress : bool, default True
         Show the progress bar, and log what is done at INFO level (DEBUG when False).
+    backend : str or None, default None
+        ``auto`` (the fastest available: OpenVINO on a CPU-only machine with the ``openvino``
+        package, else torch), ``torch``, ``openvino`` or ``onnx-int8``; None means
+        ``$FEDCTL_EMBED_BACKEND``, or ``auto`` if that is unset. An exported backend that
+        cannot be loaded falls back to torch with a warning.
 
     Returns
     -------
     np.ndarray
-        float32, shape ``(len(texts), dim)`` (dim 384 for all-MiniLM-L6-v2); not normalised.
+        float32, shape ``(len(texts), dim)`` (dim 384 for all-MiniLM-L6-v2); L2-normalised
+        when the model's pipeline ends in ``Normalize`` (all-MiniLM-L6-v2's does).
+    str
+        The backend: ``torch``, ``openvino-bf16``, ``openvino-f32`` or ``onnx-int8``.
 
     Raises
     ------
     DataError
-        If ``texts`` is empty or the device is unavailable.
+        If ``texts`` is empty, the device is unavailable, or the backend unknown or missing its
+        package.
     """
+    from common.data import embedding_backends as eb
+
     if not texts:
         raise DataError("no texts to embed")
     model_path = model_path or default_model_path()
@@ -180,7 +228,17 @@ def embed_texts(
 
     folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    cache_file = folder / f"{_cache_key(model_path, texts)[:32]}.npy"
+    dev = resolve_device(device)
+    label = eb.resolve_backend(backend if backend is not None
+                               else os.environ.get("FEDCTL_EMBED_BACKEND"), dev)
+    return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level, label)
+
+
+def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: int | None,
+                  dev: str, progress: bool, level: int, label: str) -> tuple[np.ndarray, str]:
+    from common.data import embedding_backends as eb
+
+    cache_file = folder / f"{_cache_key(model_path, texts, label)[:32]}.npy"
     lock_file = cache_file.with_name(cache_file.name + ".lock")
 
     # FileLock (flock where the OS has it) leaves the lock file in place on release:
@@ -190,23 +248,34 @@ def embed_texts(
         cached = _load_cached(cache_file, len(texts))
         if cached is not None:
             log.log(level, "embeddings: cache hit %s", cache_file)
-            return cached
+            return cached, label
 
-        dev = resolve_device(device)
-        # Said whether or not a bar shows: a long computation is worth a line in any log.
-        log.info("embedding %d texts with %s on %s", len(texts), model_path, dev)
         if not progress:  # quiet means quiet: the model's own loading bar too
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-        model = _load_model(model_path, dev)
-        emb = model.encode(
-            list(texts),
-            batch_size=batch_size,
-            show_progress_bar=progress,
-            convert_to_numpy=True,
-            normalize_embeddings=False,
-        )
+        kind = eb.family(label)
+        bs = batch_size or eb.DEFAULT_BATCH[kind]
+        if kind == "torch":
+            import torch
+
+            threads = torch.get_num_threads() if dev == "cpu" else 0
+            where = f"torch ({dev})" + (f", {threads} threads" if threads else "")
+            # Said whether or not a bar shows: a long computation is worth a line in any log.
+            log.info("embedding %d texts with %s on %s", len(texts), eb.display_name(model_path),
+                     where)
+            emb = _encode_torch(texts, model_path, dev, bs, progress)
+        else:
+            try:
+                encoder = eb.load_exported(model_path, str(eb.models_dir()), kind)
+            except eb.BackendUnavailable as exc:
+                log.warning("embeddings: backend %s cannot load (%s); using torch instead",
+                            label, exc)
+                return _embed_cached(texts, model_path, folder, batch_size, dev, progress,
+                                     level, "torch")
+            log.info("embedding %d texts with %s on %s, %d threads", len(texts),
+                     eb.display_name(model_path), encoder.name, encoder.threads)
+            emb = encoder.encode(list(texts), bs, progress)
         emb = np.asarray(emb, dtype=np.float32)
         atomic_save_npy(cache_file, emb)
-        return emb
+        return emb, label

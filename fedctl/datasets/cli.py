@@ -320,16 +320,20 @@ def _index_rows(path: Path) -> list[dict[str, Any]]:
 @click.option("--model", default=None, metavar="PATH",
               help="A local sentence-transformers model folder "
                    "[default: the bundled all-MiniLM-L6-v2].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="[default: the backend's: 64 torch, 32 openvino, 16 onnx-int8]")
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA when present), cpu, cuda, cuda:N or mps.")
+@click.option("--backend", default=None, metavar="NAME",
+              help="auto (the fastest available: openvino on a CPU-only machine, torch with a "
+                   "GPU), torch, openvino or onnx-int8 [default: $FEDCTL_EMBED_BACKEND or auto].")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Embedding cache [default: $FEDCTL_CACHE_DIR or ~/.cache/fedctl/embeddings, "
                    "the one the cluster uses].")
 @_progress
 @_log_level
-def embed(input_path: str, output: str, model: str | None, batch_size: int, device: str,
-          cache_dir: str | None, progress: bool, log_level: str) -> None:
+def embed(input_path: str, output: str, model: str | None, batch_size: int | None, device: str,
+          backend: str | None, cache_dir: str | None, progress: bool, log_level: str) -> None:
     """Sentence-transformer features of a JSONL file of {text, label} lines.
 
     Any other fields are ignored (a 'title' is copied into the index). With the default
@@ -337,7 +341,8 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int, devi
     """
     _setup_logging(log_level)
     from common.atomic import atomic_save_npy, atomic_write_bytes
-    from common.data.embedding import embed_texts, resolve_device
+    from common.data.embedding import embed_texts_with_backend, resolve_device
+    from common.data.embedding_backends import check_backend_name
     from common.data.reading import read_jsonl
 
     prefix = output[:-4] if output.endswith(".npy") else output
@@ -345,11 +350,14 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int, devi
                                   and (Path(model) / "config.json").is_file()):
         raise _fail(f"{model}: not a sentence-transformers model folder (no config.json)")
     try:
+        if backend is not None:
+            check_backend_name(backend)  # before reading anything
         dataset = read_jsonl(input_path)
         index = _index_rows(Path(input_path))
         dev = resolve_device(device)
-        features = embed_texts(dataset.texts, model_path=model, cache_dir=cache_dir,
-                               batch_size=batch_size, device=dev, progress=progress)
+        features, used = embed_texts_with_backend(
+            dataset.texts, model_path=model, cache_dir=cache_dir, batch_size=batch_size,
+            device=dev, progress=progress, backend=backend)
     except DataError as exc:
         raise _fail(exc) from None
     except (OSError, ValueError, RuntimeError) as exc:  # model files, torch
@@ -361,7 +369,7 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int, devi
     except OSError as exc:
         raise _fail(f"{prefix}: cannot write ({exc.strerror or exc})") from None
     click.echo(f"wrote {features.shape[0]} x {features.shape[1]} float32 features to "
-               f"{prefix}.npy and the index to {prefix}.index.jsonl (device {dev})")
+               f"{prefix}.npy and the index to {prefix}.index.jsonl (device {dev}, backend {used})")
 
 
 # --------------------------------------------------------------------------------------------
