@@ -409,6 +409,10 @@ class Master:
             raise ProtocolError("this job has no secure aggregation", code=errors.REJECTED)
         if self.phase == TRAINING and self.open is None and msg.body["round"] == self.round:
             raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
+        if self.phase in (REPORTING, DONE):
+            why = self.summary.get("failed")
+            raise ProtocolError(f"the job's training is over{': ' + why if why else ''}",
+                                code=errors.STALE_ROUND)
         if self.secure is None or self.open is None or msg.body["round"] != self.open.number:
             raise ProtocolError(f"secagg for round {msg.body['round']}, but "
                                 f"{'round ' + str(self.round) if self.open else 'no round'} "
@@ -553,9 +557,14 @@ class Master:
         self.summary = {"run_id": self.run_id, "failed": message, "rounds": self.round,
                         "refused": self._refusals(), "excluded": dict(self.excluded)}
         self.phase = DONE
+        # A few announcements, and the requests meanwhile answered (a worker waiting on a
+        # secure round's next stage hears it has ended rather than wait out its retries).
         for _ in range(3):
             self._announce()
-            time.sleep(C.ANNOUNCE_INTERVAL / 2)
+            until = time.monotonic() + C.ANNOUNCE_INTERVAL / 2
+            while (left := until - time.monotonic()) > 0:
+                if self.rep is not None and self.rep.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    self._serve_one()
 
     def _refusals(self) -> dict[str, dict[str, int]]:
         return {w: dict(c) for w, c in sorted(self.refused.items())}
@@ -628,7 +637,7 @@ class Master:
             self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
-        self.secure = None
+        secure, self.secure = self.secure, None
         # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
         # the log never shows a round that a resumed master would run again.
         every = self.cfg.checkpoint_every
@@ -643,6 +652,10 @@ class Master:
                      "writing under %g %% of the time (checkpoint_budget)",
                      self._checkpoints.last_write_s, 100 * self.cfg.checkpoint_budget)
         ckpt = self._checkpoint(events) if due else None  # the state as this round left it
+        hopeless = self._secure_hopeless(secure, now)
+        if hopeless is not None:
+            self._checkpoints.submit(ckpt, events, hold=False)
+            return self._fail(hopeless)
         try:
             self._next_round(last)
         finally:
@@ -679,6 +692,19 @@ class Master:
             self._leave_out(rnd, worst, f"{problem}; left out as the update furthest out")
         log.warning("round %d: no update to aggregate: the model stays as it was", rnd.number)
         return False
+
+    def _secure_hopeless(self, sa: SecureRound | None, now: float) -> str | None:
+        """Why the job must end after a failed secure round: fewer live workers than its
+        threshold, so that no later round could succeed either. None otherwise."""
+        if sa is None or sa.stage != SECURE_FAILED:
+            return None
+        live = sorted(w for w in self.workers if w not in self.excluded
+                      and self.roster.alive(w, now))
+        if len(live) >= sa.threshold:
+            return None
+        return (f"secure aggregation needs {sa.threshold} workers a round (its threshold) and "
+                f"{len(live)} are alive ({', '.join(live) or 'none'}): the job cannot go on; "
+                f"the checkpoint is kept: start the workers and `fedctl master --resume`")
 
     def _aggregate_secure(self, rnd: RoundState) -> bool:
         """Fold the round's secure sum in: the strategy gets one result, the weighted average
