@@ -133,5 +133,10 @@ LINGER_MS = 1000
 #: threshold). A worker that dies is dropped as soon as its heartbeats stop.
 SECAGG_STAGE_TIMEOUT = 60.0
 
+#: Times a secure round is begun again (a participant restarted and lost its secrets, or a
+#: stage was left with fewer than the threshold while enough workers live) before it is given
+#: up with the model as it was.
+SECAGG_MAX_ATTEMPTS = 3
+
 #: How often a worker asks whether the next stage of a secure round is ready.
 SECAGG_POLL_INTERVAL = 0.01

@@ -71,13 +71,16 @@ class SecureRound:
     seed : int
         Seeds the neighbour graph (it need not be secret: SecAgg+'s security holds for any
         graph the master picks, given the threshold).
+    attempt : int, default 1
+        Which attempt at the round this is (the context names it too).
     """
 
     def __init__(self, params: SecAggParams, number: int, participants: list[str],
-                 context: bytes, vector_size: int, n_max: int, deadline: float, seed: int
-                 ) -> None:
+                 context: bytes, vector_size: int, n_max: int, deadline: float, seed: int,
+                 attempt: int = 1) -> None:
         self.params = params
         self.number = number
+        self.attempt = attempt
         self.participants = sorted(participants)
         self.context = context
         self.vector_size = vector_size
@@ -87,7 +90,7 @@ class SecureRound:
         self.points = {w: i + 1 for i, w in enumerate(self.participants)}
         self.stage = COLLECTING_KEYS
         self.stage_deadline = deadline
-        self._rng = random.Random(seed * 1_000_003 + number)
+        self._rng = random.Random((seed * 1_000_003 + number) * 101 + attempt)
         self.keys: dict[str, tuple[bytes, bytes, bytes]] = {}
         self.graph: dict[str, list[str]] = {}
         self.shares: dict[str, dict[str, bytes]] = {}
@@ -112,7 +115,8 @@ class SecureRound:
     def settings(self) -> dict[str, Any]:
         """What the round's body tells every worker."""
         return {"threshold": self.threshold, "clip": self.params.clip, "levels": self.levels,
-                "points": self.points, "n_max": self.n_max, "context": self.context}
+                "points": self.points, "n_max": self.n_max, "context": self.context,
+                "attempt": self.attempt}
 
     # ------------------------------------------------------------------ requests
     def on_request(self, worker: str, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -203,7 +203,9 @@ class Master:
         send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,
                                     "phase": self.phase, "round": self.round,
                                     "version": self.version, "rounds": self.cfg.rounds,
-                                    "open": self.open is not None},
+                                    "open": self.open is not None,
+                                    # A secure round begun again: its workers redo it.
+                                    "attempt": self.secure.attempt if self.secure else 0},
              topic=M.TOPIC_ANNOUNCE)
 
     # ------------------------------------------------------------------ requests
@@ -287,6 +289,10 @@ class Master:
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
+        if (rejoin and self.secure is not None and wid in self.secure.points
+                and self.secure.stage not in (SECURE_DONE, SECURE_FAILED)):
+            self._restart_secure(f"{wid} registered again: its secrets went with its old "
+                                 f"process")
         if self._first_join is None:
             self._first_join = time.monotonic()
         log.info("%s %s: %d samples on %s (%d/%d registered)",
@@ -375,6 +381,7 @@ class Master:
         M.check_metrics(b["metrics"], "update.metrics")
         if self.secure is not None:
             # A masked input: nothing in it can be checked but its form (master/secagg.py).
+            self._same_secure_round(b)
             self.secure.take_input(ws.worker_id, msg.arrays)
             rnd.results[ws.worker_id] = ClientResult(ws.worker_id, {}, b["n_samples"])
             rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
@@ -417,7 +424,16 @@ class Master:
             raise ProtocolError(f"secagg for round {msg.body['round']}, but "
                                 f"{'round ' + str(self.round) if self.open else 'no round'} "
                                 f"is open", code=errors.STALE_ROUND)
+        self._same_secure_round(msg.body)
         send(self.rep, M.SECAGG, self.secure.on_request(ws.worker_id, msg.body))
+
+    def _same_secure_round(self, body: dict[str, Any]) -> None:
+        """A secure round's message must name this master's round: one sent to a master since
+        resumed is of a round opened again, which the worker redoes with fresh keys."""
+        assert self.secure is not None
+        if body.get("context") != self.secure.context:
+            raise ProtocolError(f"round {self.secure.number} was begun again (a master or a "
+                                f"worker restarted): redo it", code=errors.NOT_READY)
 
     def _on_ping(self, msg: Message, nbytes: int) -> None:
         self._worker(msg)
@@ -574,15 +590,8 @@ class Master:
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
                          self.roster.sample() if fixed is None else fixed)
         self.open = rnd
-        sa = self.cfg.privacy.secure_aggregation
-        if sa is not None:
-            n_max = max(self.family.max_weight(self.workers[w].n_samples, self.workers[w].info)
-                        for w in rnd.participants)
-            self.secure = SecureRound(
-                sa, rnd.number, rnd.participants,
-                round_context(self.run_id, self.incarnation, rnd.number),
-                vector_size(self.family.payload_for("").arrays), n_max, rnd.deadline,
-                self.cfg.seed)
+        if self.cfg.privacy.secure_aggregation is not None:
+            self._start_secure(rnd, attempt=1)
         first = rnd.number == 1  # the setup information rides along once
         t0 = time.perf_counter()
         if self.family.per_worker:
@@ -599,14 +608,48 @@ class Master:
         rnd.publish_time = time.perf_counter() - t0
         self._announce()  # tell late or lossy subscribers at once that a round is open
 
+    def _start_secure(self, rnd: RoundState, attempt: int) -> None:
+        """A secure round's bookkeeping (master/secagg.py), for a first or a later attempt."""
+        sa = self.cfg.privacy.secure_aggregation
+        assert sa is not None
+        n_max = max(self.family.max_weight(self.workers[w].n_samples, self.workers[w].info)
+                    for w in rnd.participants)
+        self.secure = SecureRound(
+            sa, rnd.number, rnd.participants,
+            round_context(self.run_id, self.incarnation, rnd.number, attempt),
+            vector_size(self.family.payload_for("").arrays), n_max, rnd.deadline,
+            self.cfg.seed, attempt)
+
+    def _restart_secure(self, why: str) -> None:
+        """Begin the open secure round again: what its workers sent is dropped (only the sum
+        is ever applied, so nothing is applied twice); they see the new attempt in the
+        announcements and redo the round from their snapshots."""
+        rnd, sa = self.open, self.secure
+        assert rnd is not None and sa is not None
+        log.warning("round %d: secure aggregation begins again (attempt %d): %s", rnd.number,
+                    sa.attempt + 1, why)
+        self.metrics.write("secagg_restart", round=rnd.number, attempt=sa.attempt + 1,
+                           reason=why, time=time.time())
+        rnd.results.clear()
+        rnd.metrics.clear()
+        rnd.deadline = time.monotonic() + self.cfg.round_deadline
+        self._start_secure(rnd, sa.attempt + 1)
+        self._announce()
+
     def _maybe_close_round(self, now: float) -> None:
         rnd = self.open
         assert rnd is not None
         if self.secure is not None:
             # A secure round closes when its last stage does (master/secagg.py).
-            self.secure.advance(now, lambda w: w in self.roster and self.roster.alive(w, now))
-            if self.secure.stage not in (SECURE_DONE, SECURE_FAILED):
+            sa = self.secure
+            sa.advance(now, lambda w: w in self.roster and self.roster.alive(w, now))
+            if sa.stage not in (SECURE_DONE, SECURE_FAILED):
                 return
+            live = [w for w in rnd.participants if w in self.roster
+                    and self.roster.alive(w, now)]
+            if (sa.stage == SECURE_FAILED and sa.attempt < C.SECAGG_MAX_ATTEMPTS
+                    and len(live) >= sa.threshold):
+                return self._restart_secure(str(sa.failure))
         elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
             return
         missing = rnd.waiting()

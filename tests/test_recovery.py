@@ -37,6 +37,12 @@ JOBS: dict[str, dict[str, Any]] = {
     "mlp_scaffold": {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
                      "strategy": "scaffold", "compression": {"kind": "int8"},
                      "data": {"task": "multiclass"}},
+    # Secure aggregation: a secure round hit by the master's death is begun again by the
+    # resumed master (a new incarnation: fresh keys), and by w2's restart (its secrets died
+    # with it: a new attempt); only sums are applied, so nothing twice.
+    "mlp_secagg": {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
+                   "privacy": {"secure_aggregation": {"threshold": 2}},
+                   "data": {"task": "multiclass"}},
     "nmf": {"rounds": 12, "model": {"family": "nmf", "n_topics": 8, "mi_weight": 0.1,
                                     "vocab_size": 400, "local_epochs": 5},
             "strategy": {"name": "fedadam", "eta": 0.01}, "data": {"task": "multiclass"}},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from scipy import stats
 
 from common.config import ConfigError, parse_config
@@ -328,54 +329,59 @@ def _dying(procs: Procs, config: Path, worker: str, stage: str) -> subprocess.Po
 
 FAST = {"heartbeat_timeout": 2, "join_timeout": 20, "model": {"family": "mlp",
                                                                "local_epochs": 3}}
+NAMES = ["w1", "w2", "w3"]
+
+
+@pytest.fixture(scope="module")
+def survivors_plain_model(tmp_path_factory: pytest.TempPathFactory,
+                          embed_cache: Path) -> dict[str, np.ndarray]:
+    """The model a plain round of w1 and w2 makes (w3 listed, never started)."""
+    folder = tmp_path_factory.mktemp("plain_survivors")
+    raw = config_dict(folder / "out", embed_cache, NAMES, 1, min_workers=2,
+                      **{**FAST, "join_timeout": 3})
+    cfg = folder / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    run = Procs(folder / "logs", embed_cache)
+    try:
+        run.master(cfg)
+        for w in NAMES[:2]:
+            run.worker(cfg, w)
+        assert set(run.wait_all(timeout=300).values()) == {0}, run.logs_tail()
+    finally:
+        run.stop_all()
+    return _model(folder / "out")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["keys", "shares", "input"])
 def test_a_worker_killed_at_any_stage_leaves_the_survivors_exact_sum(
         stage: str, tmp_path: Path, make_config: MakeConfig, procs: Procs,
-        embed_cache: Path) -> None:
-    """w4 SIGKILLs itself in round 1 after ``stage``; the round's sum is that of w1-w3,
-    which the plain run of w1-w3 alone computes in the clear."""
-    names = ["w1", "w2", "w3", "w4"]
-    secure_dir, plain_dir = tmp_path / "secure", tmp_path / "plain"
-    secure_dir.mkdir()
-    plain_dir.mkdir()
-    cfg = make_config(secure_dir, workers=names, rounds=1, min_workers=3,
-                      privacy={"secure_aggregation": {"threshold": 3}}, **FAST)
+        request: pytest.FixtureRequest) -> None:
+    """w3 SIGKILLs itself in round 1 after ``stage``; the round's sum is that of w1 and w2,
+    which a plain run of w1 and w2 alone computes in the clear."""
+    cfg = make_config(tmp_path, workers=NAMES, rounds=1, min_workers=2,
+                      privacy={"secure_aggregation": {"threshold": 2}}, **FAST)
     procs.master(cfg)
-    for w in names[:3]:
+    for w in NAMES[:2]:
         procs.worker(cfg, w)
-    victim = _dying(procs, cfg, "w4", stage)
+    victim = _dying(procs, cfg, "w3", stage)
     victim.wait(timeout=300)
     assert victim.returncode == -9, procs.logs_tail()
-    del procs.procs["w4"]
+    del procs.procs["w3"]
     codes = procs.wait_all(timeout=300)
     assert set(codes.values()) == {0}, procs.logs_tail()
-    (sa,) = events(secure_dir / "out", "secagg")
-    if stage == "keys":  # paired, but never shared: not part of the sum at all
-        assert sa["dropped"] == []
-    else:
-        assert sa["dropped"] == (["w4"] if stage == "shares" else [])
-    assert sa["survivors"] == (["w1", "w2", "w3", "w4"] if stage == "input"
-                               else ["w1", "w2", "w3"])
+    (sa,) = events(tmp_path / "out", "secagg")
+    # After its keys: paired, never shared, so in nobody's masks. After its shares: its
+    # pairwise masks in the others' inputs undone from its key's shares. After its input: in
+    # the sum, its self mask undone from its seed's shares.
+    assert sa["dropped"] == (["w3"] if stage == "shares" else [])
+    assert sa["survivors"] == (NAMES if stage == "input" else NAMES[:2])
     if stage == "input":
-        return  # w4's input is in the sum (its seed rebuilt from shares): no plain twin
-
-    # The plain twin: the same job, w4 never started.
-    plain = make_config(plain_dir, workers=names, rounds=1, min_workers=3,
-                        **{**FAST, "join_timeout": 3})
-    run = Procs(plain_dir / "logs", embed_cache)
-    try:
-        run.master(plain)
-        for w in names[:3]:
-            run.worker(plain, w)
-        assert set(run.wait_all(timeout=300).values()) == {0}, run.logs_tail()
-    finally:
-        run.stop_all()
-    a, b = _model(secure_dir / "out"), _model(plain_dir / "out")
-    for name in a:
-        np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-6, err_msg=name)
+        return  # w3's input is in the sum: no plain twin
+    secure, plain = _model(tmp_path / "out"), request.getfixturevalue("survivors_plain_model")
+    for name in plain:
+        np.testing.assert_allclose(secure[name], plain[name], rtol=0, atol=1e-6,
+                                   err_msg=name)
 
 
 @pytest.mark.slow

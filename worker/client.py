@@ -137,6 +137,7 @@ class Worker:
         self.req: LazyPirateClient | None = None
         self.heartbeat: Heartbeat | None = None
         self._last_upload = time.monotonic()
+        self._secure_done: dict[int, int] = {}  # round -> the secure attempt last done
         self._received_at = time.time()
         self._sub_bytes = 0
         self._clip_warned = False
@@ -270,9 +271,14 @@ class Worker:
                 if phase == M.DONE:  # the master stopped waiting for reports: nothing to send
                     log.warning("%s: the job ended before this worker reported", self.worker_id)
                     return {}
-                if phase == M.TRAINING and rnd > self.last_round and msg.body.get("open", True):
-                    # A round is open that never reached us on PUB: fetch it over REQ.
-                    log.info("round %d announced but not received: fetching it", rnd)
+                again = (rnd == self.last_round
+                         and int(msg.body.get("attempt", 0)) > self._secure_done.get(rnd, 0))
+                if (phase == M.TRAINING and (rnd > self.last_round or again)
+                        and msg.body.get("open", True)):
+                    # A round is open that never reached us on PUB (or a secure round was
+                    # begun again): fetch it over REQ.
+                    log.info("round %d %s: fetching it", rnd,
+                             "begun again" if again else "announced but not received")
                     try:
                         model = self._request(M.FETCH, {})
                     except RemoteError as exc:
@@ -398,6 +404,8 @@ class Worker:
             log.warning("round %d: secure aggregation: %s; this worker sits the round out",
                         rnd, exc)
         self.last_round = rnd
+        if secure is not None:  # done with this attempt; the master may begin another
+            self._secure_done = {rnd: int(secure.get("attempt", 1))}
         self._last_upload = time.monotonic()
 
     def _state(self) -> dict[str, Any]:

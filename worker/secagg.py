@@ -57,6 +57,7 @@ class SecureUpload:
         self.held: dict[str, tuple[bytes, bytes]] = {}  # owner -> (seed share, key share)
 
     def _poll(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = {**body, "context": self.context}
         while True:
             reply = self.request(M.SECAGG, body, None).body
             if reply.get("ready"):
@@ -105,7 +106,8 @@ class SecureUpload:
                                    self.worker_id, v) for v in inbox}
         y = P.masked_input(quantize(vector, clip, n_levels), self.seed, self.worker_id,
                            pair_keys)
-        ack = self.request(M.UPDATE, update_body, {"secagg.masked": y})
+        ack = self.request(M.UPDATE, {**update_body, "context": self.context},
+                           {"secagg.masked": y})
         # 4. unmasking: the seed share of each neighbour whose input came, the key share of
         # each that dropped after sharing; never both of one.
         reply = self._poll({"round": rnd, "stage": P.UNMASK})
@@ -115,5 +117,6 @@ class SecureUpload:
                               f"{threshold}: nothing is revealed")
         seeds = {u: s for u, (s, _) in self.held.items() if u in survivors}
         keys = {u: k for u, (_, k) in self.held.items() if u not in survivors}
-        self.request(M.SECAGG, {"round": rnd, "stage": P.REVEAL, "b": seeds, "s": keys}, None)
+        self.request(M.SECAGG, {"round": rnd, "stage": P.REVEAL, "b": seeds, "s": keys,
+                                "context": self.context}, None)
         return ack

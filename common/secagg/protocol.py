@@ -28,10 +28,11 @@ REVEAL = "reveal"
 STAGES = (KEYS, SHARES, UNMASK, REVEAL)
 
 
-def round_context(run_id: str, incarnation: str, round_: int) -> bytes:
-    """What every key of a round is bound to: the job, the master process, the round. A
-    resumed master has another incarnation, so nothing agreed before it can be replayed."""
-    return f"fedctl-secagg|{run_id}|{incarnation}|{round_}".encode()
+def round_context(run_id: str, incarnation: str, round_: int, attempt: int = 1) -> bytes:
+    """What every key of a round is bound to: the job, the master process, the round and the
+    attempt at it. A resumed master has another incarnation, a round begun again another
+    attempt, so nothing agreed before can be replayed."""
+    return f"fedctl-secagg|{run_id}|{incarnation}|{round_}|{attempt}".encode()
 
 
 def _pair(context: bytes, purpose: str, u: str, v: str) -> bytes:
