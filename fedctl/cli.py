@@ -333,10 +333,18 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         said.append(f"client-level DP-FedAvg (σ {privacy.client_dp.noise_multiplier:g}, update "
                     f"clip {privacy.client_dp.clip:g})")
     if said:
-        summary["privacy"] = describe(privacy)
         target = ("" if privacy.target_epsilon is None
                   else f", training ends before ε passes {privacy.target_epsilon:g}")
-        said_line = f" Privacy: {' and '.join(said)}, ε at δ {privacy.delta:g}{target}."
+        said = [f"{' and '.join(said)}, ε at δ {privacy.delta:g}{target}"]
+    sa = privacy.secure_aggregation
+    if sa is not None:
+        said.append(f"secure aggregation (the master sees only each round's sum; threshold "
+                    f"{sa.threshold if sa.threshold is not None else 'a majority'}, "
+                    f"{'every pair' if sa.neighbours is None else f'{sa.neighbours} neighbours'}"
+                    f", clip {sa.clip:g})")
+    if said:
+        summary["privacy"] = describe(privacy)
+        said_line = f" Privacy: {'; '.join(said)}."
     else:
         said_line = ""
     if found is not None:

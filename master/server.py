@@ -36,7 +36,6 @@ from common.net.transport import (
 from common.net.wire import Message, ProtocolError
 from common.runlog import MetricsLog, read_metrics
 from common.secagg.protocol import round_context
-from common.secagg.ring import from_sum, vector_size
 from common.tracking import make_sinks
 from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
@@ -617,7 +616,7 @@ class Master:
         self.secure = SecureRound(
             sa, rnd.number, rnd.participants,
             round_context(self.run_id, self.incarnation, rnd.number, attempt),
-            vector_size(self.family.payload_for("").arrays), n_max, rnd.deadline,
+            self.family.secure_size(), n_max, rnd.deadline,
             self.cfg.seed, attempt)
 
     def _restart_secure(self, why: str) -> None:
@@ -764,7 +763,7 @@ class Master:
         survivors = sa.u3
         before, strategy_state = self.family.global_, dict(self.family.strategy.state())
         try:
-            arrays, _ = from_sum(sa.sum_, before.arrays)
+            arrays = self.family.secure_result(sa.sum_, sa.n_max)
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors))

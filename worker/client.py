@@ -42,7 +42,6 @@ from common.net.transport import (
 from common.net.wire import Message, ProtocolError
 from common.privacy.dp import clip_update
 from common.secagg.crypto import ShareDecryptionError
-from common.secagg.ring import to_vector
 from worker.families import ClientFamily, make_client_family
 from worker.secagg import SecAggError, SecureUpload
 from worker.snapshots import Snapshots
@@ -367,8 +366,9 @@ class Worker:
         self.state_round = rnd
         secure = body.get("secagg")
         if secure is not None:
-            vector, clipped = to_vector(arrays, model, result.n_samples / int(secure["n_max"]),
-                                        float(secure["clip"]))
+            vector, clipped = self.family.secure_vector(arrays, model, result.n_samples,
+                                                        int(secure["n_max"]),
+                                                        float(secure["clip"]))
             metrics["secagg_clipped"] = clipped
             if clipped and not self._clip_warned:
                 self._clip_warned = True

@@ -374,6 +374,49 @@ def aggregate_centers(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray
     return out.astype(np.float32)
 
 
+def centers_as_sum(arrays: Mapping[str, np.ndarray], n_samples: int, n_max: int, clip: float
+                   ) -> tuple[np.ndarray, float]:
+    """A worker's eq. 16 terms as one vector for secure aggregation (whose sum is all the
+    server sees): ``n_k / n_max · C_k`` for each centre, then ``n_k / n_max``; with the final
+    round's head, ``n / n_max`` times each of its values, then ``n / n_max``. Values are
+    clipped to ``[-clip, clip]``; returns the vector and the share of values clipped."""
+    C = np.asarray(arrays[CENTERS], dtype=np.float64)
+    w = np.asarray(arrays[COUNTS], dtype=np.float64) / n_max
+    parts = [(w[:, None] * np.clip(C, -clip, clip)).ravel(), w]
+    clipped, total = int(np.count_nonzero(np.abs(C) > clip)), C.size
+    r = n_samples / n_max
+    for name in ("head.weight", "head.bias") if "head.weight" in arrays else ():
+        a = np.asarray(arrays[name], dtype=np.float64).ravel()
+        clipped, total = clipped + int(np.count_nonzero(np.abs(a) > clip)), total + a.size
+        parts.append(r * np.clip(a, -clip, clip))
+    parts.append(np.array([r]))
+    return np.concatenate(parts), clipped / total
+
+
+def centers_size(k: int, dim: int, with_head: bool) -> int:
+    """Length of :func:`centers_as_sum`'s vector."""
+    return k * dim + k + (k * dim + k if with_head else 0) + 1
+
+
+def centers_from_sum(total: np.ndarray, k: int, dim: int, with_head: bool, n_max: int,
+                     previous: np.ndarray) -> dict[str, np.ndarray]:
+    """Eq. 16 from the sum of the workers' :func:`centers_as_sum` vectors: the centres (a
+    cluster no worker holds keeps ``previous``), their counts, and the head's sample-weighted
+    average when it came."""
+    s = np.asarray(total, dtype=np.float64)
+    counts = np.rint(np.maximum(s[k * dim:k * dim + k] * n_max, 0.0))  # whole documents
+    held = counts > 0
+    centers = np.asarray(previous, dtype=np.float64).copy()
+    centers[held] = (s[:k * dim].reshape(k, dim)[held]
+                     / (s[k * dim:k * dim + k][held, None]))
+    out = {CENTERS: centers.astype(np.float32), COUNTS: counts.astype(np.float32)}
+    if with_head:
+        at, r = k * dim + k, s[-1]
+        out["head.weight"] = (s[at:at + k * dim] / r).reshape(k, dim).astype(np.float32)
+        out["head.bias"] = (s[at + k * dim:at + k * dim + k] / r).astype(np.float32)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------------------------

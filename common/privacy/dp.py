@@ -146,6 +146,8 @@ def describe(params: PrivacyParams) -> dict[str, Any]:
         out["dp_sgd"] = vars(params.dp_sgd).copy()
     if params.client_dp is not None:
         out["client_dp"] = vars(params.client_dp).copy()
+    if params.secure_aggregation is not None:
+        out["secure_aggregation"] = vars(params.secure_aggregation).copy()
     return out
 
 

@@ -18,14 +18,14 @@ class SecAggParams:
     neighbours : int, optional
         How many others each worker is paired with (an even number). Default: all of them
         (the original SecAgg); set it for large clusters (SecAgg+: O(k) work per worker).
-    clip : float, default 1.0
+    clip : float, default 8.0
         Each coordinate of a worker's change to the model is clipped to [-clip, clip] before
         it is quantized (common/secagg/ring.py states the error bound).
     """
 
     threshold: int | None = None
     neighbours: int | None = None
-    clip: float = 1.0
+    clip: float = 8.0
 
     def __post_init__(self) -> None:
         if self.threshold is not None and (isinstance(self.threshold, bool)

@@ -9,7 +9,7 @@ each quantized to ``L + 1`` levels over ``[-c, c]``:
 ``L = (2^32 - 1) // n`` for a round of ``n`` participants, so that the sum of ``n`` quantized
 values never wraps the ring: the masks cancel modulo 2^32 and what is left is the plain sum.
 Each value is off by at most ``c / L`` (half a level), so the sum of ``m`` contributions is off
-by at most ``m * c / L`` per coordinate: for ``c`` = 1 and 10 workers about 2.3e-9 a worker.
+by at most ``m * c / L`` per coordinate: for ``c`` = 8 (the default) and 10 workers, 1.9e-7.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from common.config import ClusterConfig
 from common.data.shards import LocalData, local_data, sentence_features, simulated
 from common.net import errors
 from common.net.wire import ProtocolError
+from common.secagg.ring import from_sum, vector_size
 from master.strategies import ClientResult, Strategy
 
 
@@ -69,6 +70,17 @@ class ServerFamily(ABC):
     def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
         """:attr:`secure_aggregation_refusal` for these model settings."""
         return cls.secure_aggregation_refusal
+
+    def secure_size(self) -> int:
+        """Length of each worker's secure input this round: by default the model's
+        coordinates and the weight (:func:`common.secagg.ring.to_vector`)."""
+        return vector_size(self.global_.arrays)
+
+    def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+        """The round's aggregate input from the unmasked float sum of the workers' secure
+        inputs (the client half's ``secure_vector``): by default the weighted average model,
+        handed to :meth:`aggregate` as the one result."""
+        return from_sum(total, self.global_.arrays)[0]
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg

@@ -30,6 +30,8 @@ from common.models.fstc import (
     FSTCClusterer,
     FSTCParams,
     aggregate_centers,
+    centers_from_sum,
+    centers_size,
 )
 from common.models.kfed import combine_centers
 from common.net import errors
@@ -171,6 +173,21 @@ class FSTCServer(ServerFamily):
             raise ProtocolError("counts must be >= 0", code=errors.REJECTED)
         if ("head.weight" in arrays) != ("head.bias" in arrays):
             raise ProtocolError("head.weight and head.bias come together", code=errors.SHAPE)
+
+    @classmethod
+    def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
+        if params.get("encoder", "frozen") == "finetune":
+            return ("a fine-tuned encoder's weights do not fit a clipping range; secure rounds "
+                    "take FSTC's centres and head with encoder: frozen")
+        return None
+
+    def secure_size(self) -> int:
+        return centers_size(self.n_clusters, self.dim, bool(self.global_.meta.get("final")))
+
+    def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+        return centers_from_sum(total, self.n_clusters, self.dim,
+                                bool(self.global_.meta.get("final")), n_max,
+                                self.global_.arrays[CENTERS])
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with

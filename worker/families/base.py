@@ -12,6 +12,7 @@ import numpy as np
 from common.config import ClusterConfig
 from common.data.reading import DataError
 from common.data.shards import LocalData, unlabelled_message
+from common.secagg.ring import to_vector
 
 
 @dataclass
@@ -57,6 +58,14 @@ class ClientFamily(ABC):
     @property
     def n_samples(self) -> int:
         return self.data.n_train
+
+    def secure_vector(self, arrays: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray],
+                      n_samples: int, n_max: int, clip: float) -> tuple[np.ndarray, float]:
+        """This round's upload as secure aggregation sums it, and the share of its values
+        the clip changed: by default the change to the model weighted by ``n_samples /
+        n_max``, then that weight (:func:`common.secagg.ring.to_vector`); the master half's
+        ``secure_result`` reads the sum back."""
+        return to_vector(dict(arrays), dict(model), n_samples / n_max, clip)
 
     def registration_info(self) -> dict[str, Any]:
         """What the master needs for the pre-training exchange (sizes, labels, vocabulary)."""

@@ -27,6 +27,7 @@ from common.models.fstc import (
     FAR_FROM_START_NMI,
     FSTCClusterer,
     FSTCParams,
+    centers_as_sum,
     score_clustering,
     size_signals,
 )
@@ -127,6 +128,13 @@ class FSTCClient(ClientFamily):
                           "loss_balance": h["loss_balance"],
                           "kept": h["kept"], "pi": h["pi"], **sizes,
                           "train_time": train_time})
+
+    def secure_vector(self, arrays: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray],
+                      n_samples: int, n_max: int, clip: float) -> tuple[np.ndarray, float]:
+        """Eq. 16 as a sum: each centre weighted by its count over ``n_max``, then those
+        weights; in the final round the head weighted by ``n_samples / n_max``, then that
+        weight (what ``master.families.fstc.FSTCServer.secure_result`` reads back)."""
+        return centers_as_sum(arrays, n_samples, n_max, clip)
 
     def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                      ) -> dict[str, float]:
