@@ -128,6 +128,11 @@ REP_RCVHWM = 64
 #: Socket linger on close, in milliseconds: a closing socket drops unsent messages after this.
 LINGER_MS = 1000
 
+#: A worker whose subscription has heard no announcement (one every ANNOUNCE_INTERVAL) for
+#: this long opens it again: a TCP connection whose own end changed address (a laptop moved to
+#: another network, a renumbered host) stays silent, not broken, until TCP gives up (minutes).
+SUB_SILENCE_RESUBSCRIBE = 3.0
+
 #: Secure aggregation: how long a stage after the first (shares, masked inputs, unmasking)
 #: waits for workers that are alive but slow before it goes on with those it has (at least the
 #: threshold). A worker that dies is dropped as soon as its heartbeats stop.

@@ -139,6 +139,8 @@ class Worker:
         self._secure_done: dict[int, int] = {}  # round -> the secure attempt last done
         self._received_at = time.time()
         self._sub_bytes = 0
+        self._sub_setup = None
+        self._subscribed_at = 0.0
         self._clip_warned = False
 
     def _request(self, kind: str, body: dict[str, Any], arrays: dict | None = None) -> Message:
@@ -159,8 +161,8 @@ class Worker:
         setup = None
         if self.cfg.security.curve:
             setup = client_keys(self.cfg.security.keys_dir, self.worker_id).setup
-        self.sub = connect_sub(self.ctx, m.pub_endpoint, [M.TOPIC_ANNOUNCE, M.TOPIC_ROUND,
-                                                           M.TOPIC_SHUTDOWN], setup=setup)
+        self._sub_setup = setup
+        self._subscribe()
         self.req = LazyPirateClient(self.ctx, m.rep_endpoint, setup=setup)
         self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup)
         try:
@@ -173,6 +175,15 @@ class Worker:
                 self.heartbeat.stop()
             self.req.close()
             self.sub.close(linger=0)
+
+    def _subscribe(self) -> None:
+        """(Re)open the subscription to the master's PUB socket."""
+        if self.sub is not None:
+            self.sub.close(linger=0)
+        self.sub = connect_sub(self.ctx, self.cfg.master.pub_endpoint,
+                               [M.TOPIC_ANNOUNCE, M.TOPIC_ROUND, M.TOPIC_SHUTDOWN],
+                               setup=self._sub_setup)
+        self._subscribed_at = time.monotonic()
 
     def _wait_announce(self, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
@@ -239,6 +250,12 @@ class Worker:
                 if now - silent_since > self.cfg.join_timeout:
                     raise TimeoutError(f"the master has been silent for "
                                        f"{self.cfg.join_timeout:g}s")
+                if min(now - silent_since, now - self._subscribed_at) > \
+                        C.SUB_SILENCE_RESUBSCRIBE:
+                    # The announcements stopped: the master is down, or this end of the
+                    # connection is gone (a new address); a new subscription finds out.
+                    log.info("no announcement for %.0fs: subscribing again", now - silent_since)
+                    self._subscribe()
                 continue
             silent_since = now
             if self.heartbeat is not None and self.heartbeat.excluded is not None:
