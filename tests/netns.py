@@ -24,9 +24,13 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from fedctl.launch import child_env, fedctl_command
+from tests.conftest import ROOT, kill_tree
 
 PREFIX = "fcn"  # every namespace and link this harness makes starts with it
 SUBNET = "198.51.100.0/24"
@@ -179,3 +183,121 @@ class Network:
         _ip("addr", "del", f"{old}/{self.net.prefixlen}", "dev", "eth0", ns=ns)
         _ip("addr", "add", f"{address}/{self.net.prefixlen}", "dev", "eth0", ns=ns)
         self.address[name] = address
+
+
+# ---------------------------------------------------------------------------- fedctl on it
+class NsCluster:
+    """A master and workers, each ``fedctl`` process in its own namespace, logs in files."""
+
+    def __init__(self, net: Network, folder: Path, cache: Path | None) -> None:
+        self.net, self.folder, self.cache = net, folder, cache
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._files: list[Any] = []
+
+    def start(self, node: str, *args: str) -> None:
+        fh = open(self.folder / f"{node}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self._files.append(fh)
+        self.procs[node] = self.net.popen(node, fedctl_command(*args), cwd=ROOT,
+                                          env=child_env(self.cache), stdout=fh,
+                                          stderr=subprocess.STDOUT)
+
+    def log(self, node: str) -> str:
+        return (self.folder / f"{node}.log").read_text(errors="replace")
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {n} (rc {p.poll()}) ---\n" + "\n".join(
+            self.log(n).splitlines()[-12:]) for n, p in self.procs.items())
+
+    def check(self) -> None:
+        bad = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
+        if bad:
+            raise RuntimeError(f"failed: {bad}\n{self.tails()}")
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for n, p in self.procs.items():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{n} still running after {timeout:g}s\n"
+                                   f"{self.tails()}") from None
+        if {p.returncode for p in self.procs.values()} != {0}:
+            raise RuntimeError(f"a process failed\n{self.tails()}")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            kill_tree(p)
+        for fh in self._files:
+            fh.close()
+
+
+
+
+def rounds(out: Path) -> list[int]:
+    """The rounds metrics.jsonl has logged so far, in order."""
+    from common.runlog import read_metrics
+
+    path = out / "metrics.jsonl"
+    return [e["round"] for e in read_metrics(path) if e["event"] == "round"] \
+        if path.exists() else []
+
+
+def _worker_rounds(out: Path, worker: str) -> list[int]:
+    from common.runlog import read_metrics
+
+    path = out / "metrics.jsonl"
+    return [e["round"] for e in read_metrics(path)
+            if e["event"] == "worker_round" and e["worker"] == worker] if path.exists() else []
+
+
+def _until(what: str, cond: Any, cluster: NsCluster, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        cluster.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}\n"
+                               f"{cluster.tails()}")
+        time.sleep(0.1)
+
+
+def run_with_faults(net: Network, cfg: Path, folder: Path, cache: Path | None,
+                    timeout: float = 900) -> dict[str, float]:
+    """A master (node ``master``) and workers w1-w3 through issue 28's faults, in order: w3's
+    link limited to 10 Mbit/s throughout; w1's link down 20 s after round 3; the master's
+    down 10 s once w1 is back in a round; w2 moved to 198.51.100.77 two rounds later. Returns
+    when every process has ended cleanly; the seconds at which each fault began."""
+    out = folder / "out"
+    cluster = NsCluster(net, folder, cache)
+    net.rate_limit("w3", 10)
+    t0 = time.monotonic()
+    at: dict[str, float] = {}
+    try:
+        cluster.start("master", "master", "--config", str(cfg))
+        for w in ("w1", "w2", "w3"):
+            cluster.start(w, "worker", "--config", str(cfg), "--id", w, "--threads", "1")
+        _until("round 3", lambda: len(rounds(out)) >= 3, cluster, 300)
+        at["w1 down"] = time.monotonic() - t0
+        net.link_down("w1")
+        time.sleep(20)
+        net.link_up("w1")
+        cut = len(rounds(out))
+        _until("w1 back in a round", lambda: any(r > cut for r in _worker_rounds(out, "w1")),
+               cluster, 120)
+        at["master down"] = time.monotonic() - t0
+        net.link_down("master")
+        time.sleep(10)
+        net.link_up("master")
+        cut = len(rounds(out))
+        _until("rounds after the master's link came back", lambda: len(rounds(out)) >= cut + 2,
+               cluster, 120)
+        at["w2 readdressed"] = time.monotonic() - t0
+        net.readdress("w2", "198.51.100.77")
+        cut = len(rounds(out))
+        _until("w2 in a round from its new address",
+               lambda: any(r > cut + 1 for r in _worker_rounds(out, "w2")), cluster, 120)
+        cluster.wait(timeout=timeout)
+        at["end"] = time.monotonic() - t0
+    finally:
+        cluster.stop()
+        net.unlimit("w3")
+    return at
