@@ -207,7 +207,12 @@ def test_auto_and_names() -> None:
 
     if importlib.util.find_spec("openvino") and not torch.cuda.is_available():
         assert eb.resolve_backend("auto", "cpu").startswith("openvino-")
-    assert eb.node_threads() == len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("OMP_NUM_THREADS", raising=False)
+        assert eb.node_threads() == cores
+        mp.setenv("OMP_NUM_THREADS", "1")  # a worker's share of a host (fedctl worker)
+        assert eb.node_threads() == 1
 
 
 @needs_openvino

@@ -228,14 +228,19 @@ def embed_texts_with_backend(
 
     folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    dev = resolve_device(device)
+    try:
+        dev, dev_error = resolve_device(device), None
+    except DataError as exc:  # raised only if there is something to compute: a cache hit
+        dev, dev_error = device, exc  # needs no device, as before there were backends
     label = eb.resolve_backend(backend if backend is not None
                                else os.environ.get("FEDCTL_EMBED_BACKEND"), dev)
-    return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level, label)
+    return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level, label,
+                         dev_error)
 
 
 def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: int | None,
-                  dev: str, progress: bool, level: int, label: str) -> tuple[np.ndarray, str]:
+                  dev: str, progress: bool, level: int, label: str,
+                  dev_error: DataError | None = None) -> tuple[np.ndarray, str]:
     from common.data import embedding_backends as eb
 
     cache_file = folder / f"{_cache_key(model_path, texts, label)[:32]}.npy"
@@ -249,6 +254,8 @@ def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: i
         if cached is not None:
             log.log(level, "embeddings: cache hit %s", cache_file)
             return cached, label
+        if dev_error is not None:
+            raise dev_error
 
         if not progress:  # quiet means quiet: the model's own loading bar too
             from transformers.utils import logging as hf_logging

@@ -51,11 +51,15 @@ class BackendUnavailable(Exception):
 
 
 def node_threads() -> int:
-    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    """The CPU cores this process may run on (its affinity mask, not the machine's count),
+    capped by ``$OMP_NUM_THREADS`` when set: the share ``fedctl worker --threads`` gives each
+    of several workers on one host."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return min(cores, int(cap)) if cap.isdigit() and int(cap) > 0 else cores
 
 
 def check_backend_name(name: str | None) -> str:
