@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from common import constants as C
+from common.data.embedding_backends import BACKENDS
 from common.data.partitions import SCHEMES
 from common.data.reading import TASKS
 from common.privacy.dp import ClientDPParams, DPSGDParams, PrivacyParams
@@ -83,6 +84,9 @@ class DataConfig:
     test_fraction: float = 0.2
     limit: int | None = None
     embedding_model: str | None = None
+    #: auto (OpenVINO on a CPU-only machine when installed, else torch), torch, openvino or
+    #: onnx-int8 (common/data/embedding_backends.py); $FEDCTL_EMBED_BACKEND when unset.
+    embedding_backend: str | None = None
     cache_dir: str | None = None
 
 
@@ -307,9 +311,12 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     d = _section(raw, "data", set(DataConfig.__dataclass_fields__), src)
     data = DataConfig(**d)
     _expect(isinstance(data.path, str) and data.path, f"{src}: data.path", "a path", data.path)
-    for key in ("cache_dir", "embedding_model", "positive"):
+    for key in ("cache_dir", "embedding_model", "embedding_backend", "positive"):
         v = getattr(data, key)
         _expect(v is None or (isinstance(v, str) and v), f"{src}: data.{key}", "a string", v)
+    if data.embedding_backend is not None:
+        _expect(data.embedding_backend in BACKENDS, f"{src}: data.embedding_backend",
+                f"one of {', '.join(BACKENDS)}", data.embedding_backend)
     for key, allowed in (("task", TASKS), ("partition", SCHEMES)):
         v = getattr(data, key)
         _expect(v in allowed, f"{src}: data.{key}", f"one of {', '.join(allowed)}", v)

@@ -151,7 +151,8 @@ def sentence_features(cfg: ClusterConfig, dataset: TextDataset, device: str = "c
     simulated cluster shares one cache entry and the model runs once per file.
     """
     return embed_texts(dataset.texts, model_path=cfg.data.embedding_model,
-                       cache_dir=cfg.data.cache_dir, device=device, progress=progress)
+                       cache_dir=cfg.data.cache_dir, device=device, progress=progress,
+                       backend=cfg.data.embedding_backend)
 
 
 @dataclass

@@ -48,18 +48,22 @@ def seed_subset_cache(cfg: ClusterConfig) -> None:
         return
     from common.atomic import atomic_save_npy
     from common.data.embedding import _cache_key, _default_cache_dir, default_model_path
+    from common.data.embedding_backends import resolve_backend
     from common.data.shards import local_data
 
     model = cfg.data.embedding_model or default_model_path()
+    # The key of the backend the workers will use (their embeddings are on the CPU here).
+    label = resolve_backend(cfg.data.embedding_backend
+                            or os.environ.get("FEDCTL_EMBED_BACKEND"), "cpu")
     folder = Path(cfg.data.cache_dir) if cfg.data.cache_dir else _default_cache_dir()
     sub = local_data(cfg, cfg.workers[0].name).dataset
-    target = folder / f"{_cache_key(model, sub.texts)[:32]}.npy"
+    target = folder / f"{_cache_key(model, sub.texts, label)[:32]}.npy"
     if target.exists():
         return
     full_cfg = copy.deepcopy(cfg)
     full_cfg.data.limit = None
     full = local_data(full_cfg, cfg.workers[0].name).dataset
-    source = folder / f"{_cache_key(model, full.texts)[:32]}.npy"
+    source = folder / f"{_cache_key(model, full.texts, label)[:32]}.npy"
     if not source.exists():
         return
     X = np.load(source, mmap_mode="r")
