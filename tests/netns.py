@@ -301,3 +301,63 @@ def run_with_faults(net: Network, cfg: Path, folder: Path, cache: Path | None,
         cluster.stop()
         net.unlimit("w3")
     return at
+
+
+# ---------------------------------------------------------------------------- SSH into it
+SSHD = "/usr/sbin/sshd"
+
+
+def sshd_unavailable() -> str | None:
+    """Why an SSH server cannot run in the namespaces here, or None."""
+    if shutil.which("ssh") is None or not Path(SSHD).exists():
+        return "openssh-server is not installed (apt-get install openssh-server)"
+    return None
+
+
+class SshNodes:
+    """An SSH server in each of ``nodes`` of ``net``, root logging in with one key, as on a
+    cloud image; ``key`` is the client's private key. The servers go when it closes."""
+
+    def __init__(self, net: Network, nodes: Sequence[str], folder: Path) -> None:
+        self.net, self.nodes, self.folder = net, list(nodes), folder
+        self.key = folder / "id_ed25519"
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> SshNodes:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for name in ("id_ed25519", "host_ed25519"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            str(self.folder / name)], check=True, capture_output=True)
+        (self.folder / "authorized_keys").write_text(
+            (self.folder / "id_ed25519.pub").read_text())
+        Path("/run/sshd").mkdir(exist_ok=True)  # the server's privilege-separation directory
+        try:
+            for node in self.nodes:
+                conf = self.folder / f"sshd-{node}.conf"
+                conf.write_text("\n".join([
+                    f"ListenAddress {self.net.address[node]}", "Port 22",
+                    f"HostKey {self.folder / 'host_ed25519'}",
+                    f"AuthorizedKeysFile {self.folder / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+                    f"PidFile {self.folder / f'sshd-{node}.pid'}", ""]))
+                log = open(self.folder / f"sshd-{node}.log", "wb")  # noqa: SIM115
+                self.procs.append(self.net.popen(node, [SSHD, "-D", "-e", "-f", str(conf)],
+                                                 stdout=log, stderr=subprocess.STDOUT))
+                log.close()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for p in self.procs:
+            kill_tree(p)
+        self.procs.clear()
+
+    def ssh_args(self) -> str:
+        """What Ansible (or ssh) needs to reach the nodes."""
+        return "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes"

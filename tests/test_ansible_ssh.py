@@ -1,0 +1,95 @@
+"""The playbooks over SSH, as against cloud VMs (issue #28, item 3).
+
+A controller, a master and two workers, each a network namespace on a private bridge
+(tests/netns.py), each node running an SSH server that admits root with one key, as a cloud
+image does. ``ansible-playbook`` runs in the controller's namespace with an ordinary SSH
+inventory (addresses, user, key; no local connection), and ``deploy.yml`` → ``run.yml`` →
+``collect.yml`` do what they do on Chameleon: install fedctl on each node, start the master
+(bound to its own address) and the workers there, wait for the job, fetch the results.
+The nodes share this machine's file system, so each has its own install prefix, as in
+tests/test_ansible.py's local deployment (whose settings this reuses: nothing downloaded).
+Skipped, with the reason, without root, iproute2, openssh-server or Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests import netns
+from tests.test_ansible import (
+    ANSIBLE,
+    DEPLOYED,
+    ROUNDS,
+    _env,
+    _explain,
+    _inventory,
+    _tool,
+)
+
+WHY_NOT = netns.unavailable() or netns.sshd_unavailable()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
+
+NODES = ["ctl", "master", *DEPLOYED]
+
+
+def _ssh_inventory(base: Path, net: netns.Network, key: Path, ssh_args: str) -> dict[str, Any]:
+    inv = _inventory(base, 5555, 5556)
+    v = inv["all"]["vars"]
+    del v["ansible_connection"]  # ssh, Ansible's default
+    v.update(ansible_user="root", ansible_ssh_private_key_file=str(key),
+             ansible_ssh_common_args=ssh_args)
+    v["fedctl_config"]["master"] = {"bind": net.address["master"], "pub_port": 5555,
+                                    "rep_port": 5556}
+    inv["all"]["children"] = {
+        "fedctl_master": {"hosts": {"master": {"ansible_host": net.address["master"],
+                                               "fedctl_host": net.address["master"]}}},
+        "fedctl_workers": {"hosts": {w: {"ansible_host": net.address[w],
+                                         "fedctl_host": net.address[w]} for w in DEPLOYED}},
+    }
+    return inv
+
+
+def test_deploy_run_collect_over_ssh(tmp_path: Path) -> None:
+    import yaml
+
+    tool = _tool("ansible-playbook")
+    with netns.Network(NODES) as net, \
+            netns.SshNodes(net, NODES[1:], tmp_path / "ssh") as ssh:
+        inventory = tmp_path / "hosts.yml"
+        inventory.write_text(yaml.safe_dump(
+            _ssh_inventory(tmp_path, net, ssh.key, ssh.ssh_args()), sort_keys=False))
+
+        def play(name: str) -> subprocess.CompletedProcess:
+            return subprocess.run(net.command("ctl", [tool, "-i", str(inventory), name]),
+                                  cwd=ANSIBLE, env=_env(tmp_path), capture_output=True,
+                                  text=True, timeout=600)
+
+        try:
+            for name in ("deploy.yml", "run.yml", "collect.yml"):
+                proc = play(name)
+                assert proc.returncode == 0, f"{name}:\n{_explain(proc)}"
+                assert "ansible_connection" not in inventory.read_text()
+        finally:
+            for pid_file in tmp_path.glob("nodes/*/run/*.pid"):  # what a failure left running
+                subprocess.run(["pkill", "-9", "-g", pid_file.read_text().strip()],
+                               capture_output=True)
+        # The nodes were reached over SSH from the controller, each at its own address.
+        for node in NODES[1:]:
+            log = (tmp_path / "ssh" / f"sshd-{node}.log").read_text()
+            assert f"Accepted publickey for root from {net.address['ctl']}" in log, log[-2000:]
+
+    results = tmp_path / "results"
+    events = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("round") == ROUNDS
+    assert {e["worker"] for e in events if e["event"] == "worker_round"} == set(DEPLOYED)
+    master_log = (results / "logs" / "master" / "master.log").read_text()
+    assert f"REP tcp://{net.address['master']}:5556" in master_log
+    assert "CURVE" in master_log
+    with np.load(results / "model.npz") as model:
+        assert model.files
