@@ -11,11 +11,11 @@ import json
 import random
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from scipy import stats
 
 from common.config import ConfigError, parse_config
@@ -283,16 +283,18 @@ def _model(out: Path) -> dict[str, np.ndarray]:
 def test_a_secure_run_ends_where_the_plain_run_does(family: str, tmp_path: Path,
                                                     make_config: MakeConfig,
                                                     embed_cache: Path) -> None:
-    outs = {}
-    for mode in ("plain", "secure"):
+    outs, runs = {}, {}
+    for mode in ("plain", "secure"):  # side by side: each mostly waits for its processes
         folder = tmp_path / mode
         folder.mkdir()
         extra = {"privacy": {"secure_aggregation": {}}} if mode == "secure" else {}
         cfg = make_config(folder, workers=3, rounds=2, **JOBS[family], **extra)
-        proc = run_fedctl("run", "--config", str(cfg), "--no-progress", timeout=300,
-                          cache_dir=embed_cache)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[mode] = ThreadPoolExecutor(1).submit(
+            run_fedctl, "run", "--config", str(cfg), "--no-progress", timeout=300,
+            cache_dir=embed_cache)
         outs[mode] = folder / "out"
+    for proc in (r.result() for r in runs.values()):
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rounds = events(outs["secure"], "secagg")
     assert [e["round"] for e in rounds] == [1, 2]
     assert all(e["survivors"] == ["w1", "w2", "w3"] and not e["dropped"] for e in rounds)
@@ -332,58 +334,51 @@ def _dying(procs: Procs, config: Path, worker: str, stage: str) -> subprocess.Po
 
 FAST = {"heartbeat_timeout": 2, "join_timeout": 20, "model": {"family": "mlp",
                                                                "local_epochs": 3}}
-NAMES = ["w1", "w2", "w3"]
-
-
-@pytest.fixture(scope="module")
-def survivors_plain_model(tmp_path_factory: pytest.TempPathFactory,
-                          embed_cache: Path) -> dict[str, np.ndarray]:
-    """The model a plain round of w1 and w2 makes (w3 listed, never started)."""
-    folder = tmp_path_factory.mktemp("plain_survivors")
-    raw = config_dict(folder / "out", embed_cache, NAMES, 1, min_workers=2,
-                      **{**FAST, "join_timeout": 3})
-    cfg = folder / "cluster.yaml"
-    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-    run = Procs(folder / "logs", embed_cache)
-    try:
-        run.master(cfg)
-        for w in NAMES[:2]:
-            run.worker(cfg, w)
-        assert set(run.wait_all(timeout=300).values()) == {0}, run.logs_tail()
-    finally:
-        run.stop_all()
-    return _model(folder / "out")
+NAMES = ["w1", "w2", "w3", "w4", "w5"]
+#: Who dies in round 1, and after which stage (tests/secagg_dropout.py).
+DYING = {"w3": "keys", "w4": "shares", "w5": "input"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["keys", "shares", "input"])
-def test_a_worker_killed_at_any_stage_leaves_the_survivors_exact_sum(
-        stage: str, tmp_path: Path, make_config: MakeConfig, procs: Procs,
-        request: pytest.FixtureRequest) -> None:
-    """w3 SIGKILLs itself in round 1 after ``stage``; the round's sum is that of w1 and w2,
-    which a plain run of w1 and w2 alone computes in the clear."""
-    cfg = make_config(tmp_path, workers=NAMES, rounds=1, min_workers=2,
+def test_workers_killed_at_every_stage_leave_the_survivors_exact_sum(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs, embed_cache: Path) -> None:
+    """In one round w3 SIGKILLs itself after its keys (paired, never shared: in nobody's
+    masks), w4 after its shares (its pairwise masks in the others' inputs are undone from its
+    key's shares), w5 after its masked input (in the sum; its self mask undone from its seed's
+    shares). The sum is that of w1, w2 and w5, which a plain round of those three (w3 and w4
+    never started) computes in the clear."""
+    secure_dir, plain_dir = tmp_path / "secure", tmp_path / "plain"
+    secure_dir.mkdir()
+    plain_dir.mkdir()
+    cfg = make_config(secure_dir, workers=NAMES, rounds=1, min_workers=3,
                       privacy={"secure_aggregation": {"threshold": 2}}, **FAST)
     procs.master(cfg)
     for w in NAMES[:2]:
         procs.worker(cfg, w)
-    victim = _dying(procs, cfg, "w3", stage)
-    victim.wait(timeout=300)
-    assert victim.returncode == -9, procs.logs_tail()
-    del procs.procs["w3"]
+    victims = {w: _dying(procs, cfg, w, stage) for w, stage in DYING.items()}
+    for w, victim in victims.items():
+        victim.wait(timeout=300)
+        assert victim.returncode == -9, f"{w}\n{procs.logs_tail()}"
+        del procs.procs[w]
+    # The plain twin meanwhile (its master waits join_timeout for w3 and w4, then starts).
+    plain = make_config(plain_dir, workers=NAMES, rounds=1, min_workers=3,
+                        **{**FAST, "join_timeout": 3})
+    twin = Procs(plain_dir / "logs", embed_cache)
+    try:
+        twin.master(plain)
+        for w in ("w1", "w2", "w5"):
+            twin.worker(plain, w)
+        assert set(twin.wait_all(timeout=300).values()) == {0}, twin.logs_tail()
+    finally:
+        twin.stop_all()
     codes = procs.wait_all(timeout=300)
     assert set(codes.values()) == {0}, procs.logs_tail()
-    (sa,) = events(tmp_path / "out", "secagg")
-    # After its keys: paired, never shared, so in nobody's masks. After its shares: its
-    # pairwise masks in the others' inputs undone from its key's shares. After its input: in
-    # the sum, its self mask undone from its seed's shares.
-    assert sa["dropped"] == (["w3"] if stage == "shares" else [])
-    assert sa["survivors"] == (NAMES if stage == "input" else NAMES[:2])
-    if stage == "input":
-        return  # w3's input is in the sum: no plain twin
-    secure, plain = _model(tmp_path / "out"), request.getfixturevalue("survivors_plain_model")
-    for name in plain:
-        np.testing.assert_allclose(secure[name], plain[name], rtol=0, atol=1e-6,
+    (sa,) = events(secure_dir / "out", "secagg")
+    assert sa["survivors"] == ["w1", "w2", "w5"]
+    assert sa["dropped"] == ["w4"]  # shared, then sent nothing: its masks were undone
+    secure, plain_model = _model(secure_dir / "out"), _model(plain_dir / "out")
+    for name in plain_model:
+        np.testing.assert_allclose(secure[name], plain_model[name], rtol=0, atol=1e-6,
                                    err_msg=name)
 
 

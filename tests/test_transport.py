@@ -296,6 +296,7 @@ VALID = {
     M.UPDATE: {"worker_id": "w1", "round": 1, "version": 0, "n_samples": 5, "metrics": {}},
     M.REPORT: {"worker_id": "w1", "report": {"acc": 0.9}},
     M.PING: {"worker_id": "w1"},
+    M.SECAGG: {"worker_id": "w1", "round": 1, "stage": "keys"},
 }
 
 
