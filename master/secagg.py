@@ -149,15 +149,7 @@ class SecureRound:
         keys = (_bytes(body.get("c_pk"), crypto.KEY_BYTES, "c_pk"),
                 _bytes(body.get("s_pk"), crypto.KEY_BYTES, "s_pk"),
                 _bytes(body.get("b_commit"), 32, "b_commit"))
-        if worker in self.keys:
-            if self.keys[worker] != keys:
-                raise ProtocolError(f"secagg: {worker} already gave other keys in round "
-                                    f"{self.number}", code=errors.REJECTED)
-        elif self.stage != COLLECTING_KEYS:
-            raise ProtocolError(f"secagg: round {self.number} no longer takes keys",
-                                code=errors.STALE_ROUND)
-        else:
-            self.keys[worker] = keys
+        self._keep(self.keys, worker, keys, COLLECTING_KEYS, "keys")
         if self.stage == COLLECTING_KEYS:
             return {"ready": False}
         return {"ready": True, "peers": {v: [self.keys[v][0], self.keys[v][1]]
@@ -181,19 +173,26 @@ class SecureRound:
             if not isinstance(ct, bytes) or not 0 < len(ct) <= 1024:
                 raise ProtocolError(f"secagg: the share for {v} must be 1-1024 bytes",
                                     code=errors.BAD_FIELD)
-        if worker in self.shares:
-            if self.shares[worker] != shares:
-                raise ProtocolError(f"secagg: {worker} already gave other shares in round "
-                                    f"{self.number}", code=errors.REJECTED)
-        elif self.stage != COLLECTING_SHARES:
-            raise ProtocolError(f"secagg: round {self.number} no longer takes shares",
-                                code=errors.STALE_ROUND)
-        else:
-            self.shares[worker] = dict(shares)
+        self._keep(self.shares, worker, dict(shares), COLLECTING_SHARES, "shares")
         if self.stage == COLLECTING_SHARES:
             return {"ready": False}
         return {"ready": True, "inbox": {u: self.shares[u][worker]
                                          for u in self.graph[worker] if u in self.shares}}
+
+    def _keep(self, store: dict[str, Any], worker: str, value: Any, stage: str, what: str
+              ) -> None:
+        """Keep what ``worker`` gave in ``stage``: the same again is a resend (kept once),
+        something else a replay or a change of mind (refused), and nothing is taken once the
+        stage has closed."""
+        if worker in store:
+            if store[worker] != value:
+                raise ProtocolError(f"secagg: {worker} already gave other {what} in round "
+                                    f"{self.number}", code=errors.REJECTED)
+        elif self.stage != stage:
+            raise ProtocolError(f"secagg: round {self.number} no longer takes {what}",
+                                code=errors.STALE_ROUND)
+        else:
+            store[worker] = value
 
     def take_input(self, worker: str, arrays: Mapping[str, np.ndarray]) -> None:
         """A masked input (an ``update``'s one array, ``secagg.masked``)."""
