@@ -13,7 +13,7 @@ round less its slowest worker's training; *secure − plain* compares the median
 Also, on one thread, the arithmetic alone for one worker's update: quantizing, the ChaCha20
 masks (one self mask and one per neighbour) and, on the master, the unmasking of n inputs.
 
-Usage: ``python benchmarks/secagg.py [--work DIR] [--repeats 3] [--rounds 10]``. Writes
+Usage: ``python benchmarks/secagg.py [--work DIR] [--repeats 3] [--rounds 10] [--replot]``. Writes
 ``benchmarks/results/secagg.{md,json,png}``.
 """
 
@@ -119,8 +119,8 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
                 hi.append(max(vals) - m)
         if xs:
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=mode, color=colours[mode])
-            for x, y in zip(xs, ys, strict=True):
-                ax.text(x, y, f"{y:.0f}", ha="center", va="bottom", fontsize=8)
+            for x, y, up in zip(xs, ys, hi, strict=True):  # above the error bar
+                ax.text(x, y + up + 15, f"{y:.0f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([f"{n_params(h) / 1e6:.2g} M params\n{n} workers" for h, n in groups])
     ax.set_ylabel("median round (ms)")
@@ -138,7 +138,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw secagg.png from the results' secagg.json, running nothing")
     args = ap.parse_args()
+    if args.replot:
+        saved = json.loads((args.results / "secagg.json").read_text())
+        plot(args.results / "secagg.png", saved["rows"])
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="secagg-bench-"))
     load = os.getloadavg()
     t_start = time.monotonic()
