@@ -265,12 +265,13 @@ def run_with_faults(net: Network, cfg: Path, folder: Path, cache: Path | None,
     """A master (node ``master``) and workers w1-w3 through issue 28's faults, in order: w3's
     link limited to 10 Mbit/s throughout; w1's link down 20 s after round 3; the master's
     down 10 s once w1 is back in a round; w2 moved to 198.51.100.77 two rounds later. Returns
-    when every process has ended cleanly; the seconds at which each fault began."""
+    when every process has ended cleanly; the seconds (after ``launched``, the wall-clock time
+    the processes were started) at which each fault began."""
     out = folder / "out"
     cluster = NsCluster(net, folder, cache)
     net.rate_limit("w3", 10)
     t0 = time.monotonic()
-    at: dict[str, float] = {}
+    at: dict[str, float] = {"launched": time.time()}
     try:
         cluster.start("master", "master", "--config", str(cfg))
         for w in ("w1", "w2", "w3"):
