@@ -36,7 +36,8 @@ from tests.conftest import DATA, free_ports
 ROOT = Path(__file__).resolve().parents[1]
 ANSIBLE = ROOT / "ansible"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ansible"
-PLAYBOOKS = ["provision.yml", "deploy.yml", "run.yml", "collect.yml", "teardown.yml"]
+PLAYBOOKS = ["provision.yml", "deploy.yml", "run.yml", "collect.yml", "undeploy.yml",
+             "teardown.yml"]
 BIN = Path(sys.executable).parent
 WORKERS = ["w1", "w2", "w3"]
 #: The workers of the localhost deployment: two are enough for everything checked on it (each

@@ -4,8 +4,9 @@ A controller, a master and two workers, each a network namespace on a private br
 (tests/netns.py), each node running an SSH server that admits root with one key, as a cloud
 image does. ``ansible-playbook`` runs in the controller's namespace with an ordinary SSH
 inventory (addresses, user, key; no local connection), and ``deploy.yml`` → ``run.yml`` →
-``collect.yml`` do what they do on Chameleon: install fedctl on each node, start the master
-(bound to its own address) and the workers there, wait for the job, fetch the results.
+``collect.yml`` → ``undeploy.yml`` do what they do on Chameleon: install fedctl on each node,
+start the master (bound to its own address) and the workers there, wait for the job, fetch the
+results, remove the install.
 The nodes share this machine's file system, so each has its own install prefix, as in
 tests/test_ansible.py's local deployment (whose settings this reuses: nothing downloaded).
 Skipped, with the reason, without root, iproute2, openssh-server or Ansible.
@@ -71,10 +72,13 @@ def test_deploy_run_collect_over_ssh(tmp_path: Path) -> None:
                                   text=True, timeout=600)
 
         try:
-            for name in ("deploy.yml", "run.yml", "collect.yml"):
+            for name in ("deploy.yml", "run.yml", "collect.yml", "undeploy.yml"):
                 proc = play(name)
                 assert proc.returncode == 0, f"{name}:\n{_explain(proc)}"
                 assert "ansible_connection" not in inventory.read_text()
+            # undeploy.yml took away what deploy.yml installed, on every node.
+            assert not list((tmp_path / "nodes").glob("*/venv")), list(
+                (tmp_path / "nodes").iterdir())
         finally:
             for pid_file in tmp_path.glob("nodes/*/run/*.pid"):  # what a failure left running
                 subprocess.run(["pkill", "-9", "-g", pid_file.read_text().strip()],
