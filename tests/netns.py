@@ -52,8 +52,20 @@ def unavailable() -> str | None:
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"ip netns add failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
+    try:  # the kinds of link the harness makes, and tbf, must exist in this kernel too
+        for what, argv in (("a bridge", ["ip", "-n", probe, "link", "add", "br0", "type",
+                                         "bridge"]),
+                           ("a veth pair", ["ip", "-n", probe, "link", "add", "pa", "type",
+                                            "veth", "peer", "name", "pb"]),
+                           ("tc tbf", ["tc", "-n", probe, "qdisc", "add", "dev", "pa", "root",
+                                       "tbf", "rate", "10mbit", "burst", "32kb", "latency",
+                                       "100ms"])):
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                return f"cannot make {what} in a namespace: {done.stderr.strip()}"
+        return None
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
 def sweep() -> list[str]:
