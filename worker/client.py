@@ -397,9 +397,8 @@ class Worker:
                       "n_samples": result.n_samples, "metrics": metrics,
                       "compression": self.compressor.kind, "sent_at": time.time()}
             if secure is not None:
-                reply = SecureUpload(self.worker_id, secure,
-                                     lambda k, b, a: self._request(k, b, a)).run(
-                    rnd, update, vector)
+                reply = SecureUpload(self.worker_id, secure, self._request).run(rnd, update,
+                                                                                 vector)
             else:
                 reply = self._request(M.UPDATE, update, arrays)
             # Only what the round measured: a step of several rounds has a loss in one of
