@@ -22,6 +22,7 @@ from common.data.shards import LocalData, local_data, sentence_features, simulat
 from common.data.text import bow_matrix
 from common.models.fstc import CENTERS, score_clustering
 from common.models.nmf import heldout_scores
+from common.models.numerics import flush_denormals
 from master.families.base import ServerFamily
 from master.families.fstc import FSTCServer
 from master.families.mlp import MLPServer
@@ -35,6 +36,7 @@ def simulation_baselines(family: ServerFamily) -> Baselines | None:
     all workers' training data pooled; ``pooled``: model name -> scores on all the workers'
     test splits together, for each local-only model, the federated model and the centralized
     one. None where the family has no baselines or the cluster is not simulated."""
+    flush_denormals()  # as the workers train (common/models/numerics.py)
     for cls, make in _BASELINES.items():
         if isinstance(family, cls):
             return make(family)

@@ -27,6 +27,7 @@ from common.config import ClusterConfig
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.data.embedding import resolve_device
 from common.data.shards import local_data, worker_seed
+from common.models.numerics import flush_denormals
 from common.net import errors
 from common.net import messages as M
 from common.net.compression import Compressor
@@ -157,6 +158,7 @@ class Worker:
 
     def run(self) -> dict[str, Any]:
         """Join, train every round, send the final report; returns that report."""
+        flush_denormals()  # in the thread that trains (common/models/numerics.py says why)
         m = self.cfg.master
         setup = None
         if self.cfg.security.curve:

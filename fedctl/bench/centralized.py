@@ -27,7 +27,9 @@ def centralized_times(cfg: ClusterConfig, threads: int) -> dict[str, Any]:
     from common.config import build_params
     from common.data.shards import local_data, sentence_features, worker_seed
     from common.models.mlp import MLPParams
+    from common.models.numerics import flush_denormals
 
+    flush_denormals()  # as the workers train, so that the times compare
     params = build_params(MLPParams, cfg.family_params, "model")
     shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}
     first = next(iter(shards.values()))
