@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,3 +84,38 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+class MetricsTail:
+    """Follow a metrics log as it grows: each :meth:`new_events` reads only the bytes written
+    since the last call, so that following a long run costs the same at its end as at its start
+    (``fedctl run`` looks ten times a second; reading the whole file each time took a core's
+    growing share from the workers, issue 30).
+
+    A missing file is a file with nothing in it yet; a last line still being written waits for
+    the next call.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+
+    def new_events(self) -> list[dict[str, Any]]:
+        """The events completed since the last call, in order."""
+        try:
+            with open(self.path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self._offset:  # truncated: start again
+                    self._offset = 0
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # up to the last complete line
+        self._offset += end
+        events = []
+        for line in chunk[:end].splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:  # not an event (the writer crashed mid-line)
+                continue
+        return events

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, ConfigError, config_to_dict
-from common.runlog import read_metrics
+from common.runlog import MetricsTail, read_metrics
 from fedctl.launch import LocalCluster
 
 log = logging.getLogger("fedctl.run")
@@ -151,12 +151,10 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
 
 def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
     """Advance the bar round by round until every process has exited; 1 if one failed."""
-    seen = 0
+    tail = MetricsTail(metrics_path)
     while True:
         time.sleep(POLL_S)
-        rounds = ([e for e in read_metrics(metrics_path) if e["event"] == "round"]
-                  if metrics_path.exists() else [])
-        for e in rounds[seen:]:
+        for e in (e for e in tail.new_events() if e["event"] == "round"):
             f1 = e.get("mean_macro_f1")
             said = [f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
                     if f1 is not None else ""]
@@ -166,7 +164,6 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
             if bar.total is not None and bar.n >= bar.total:
                 bar.total = bar.n + 1  # a redone synchronous step takes rounds past `rounds`
             bar.update(1)
-        seen = max(seen, len(rounds))
         failed = cluster.failed()
         if failed:
             log.error("%s", cluster.failure_report(failed))
