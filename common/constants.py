@@ -143,5 +143,6 @@ SECAGG_STAGE_TIMEOUT = 60.0
 #: up with the model as it was.
 SECAGG_MAX_ATTEMPTS = 3
 
-#: How often a worker asks whether the next stage of a secure round is ready.
-SECAGG_POLL_INTERVAL = 0.01
+#: How long a worker waits before asking again whether the next stage of a secure round is
+#: ready, should the master's ``secagg_stage`` word on PUB be lost (it asks at once on it).
+SECAGG_POLL_INTERVAL = 0.05

@@ -95,6 +95,7 @@ class Master:
         self.workers = self.roster.workers  # by id: what the master knows of each
         self.open: RoundState | None = None
         self.secure: SecureRound | None = None  # the open round's, with secure_aggregation
+        self._noticed_stage: tuple[bytes, str] | None = None  # the last stage told on PUB
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.jsonl",
@@ -197,6 +198,19 @@ class Master:
                 self._serve_one()
                 served += 1
         self._advance(time.monotonic())
+        self._notice_secure_stage()
+
+    def _notice_secure_stage(self) -> None:
+        """Tell the open secure round's workers on PUB that its stage changed: those waiting
+        for it ask again at once instead of at their next poll (docs/PROTOCOL.md)."""
+        sa = self.secure
+        stage = None if sa is None else (sa.context, sa.stage)
+        if stage is None or stage == self._noticed_stage:
+            return
+        self._noticed_stage = stage
+        send(self.pub, M.SECAGG_STAGE, {"round": sa.number, "attempt": sa.attempt,
+                                        "stage": sa.stage, "context": sa.context},
+             topic=M.TOPIC_ANNOUNCE)
 
     def _announce(self) -> None:
         send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,

@@ -41,7 +41,7 @@ def dying_worker(cfg: Any, worker_id: str, die_after: str, round_: int) -> Any:
 
     honest_init = secagg.SecureUpload.__init__
 
-    def init(self: Any, wid: str, settings: Any, request: Any) -> None:
+    def init(self: Any, wid: str, settings: Any, request: Any, *rest: Any) -> None:
         def request_or_die(kind: str, body: dict[str, Any], arrays: Any) -> Any:
             if body.get("round") == round_ and next_step(kind, body) == die_after:
                 logging.getLogger("secagg_dropout").info("round %d: dying after %s", round_,
@@ -49,7 +49,7 @@ def dying_worker(cfg: Any, worker_id: str, die_after: str, round_: int) -> Any:
                 os.kill(os.getpid(), signal.SIGKILL)
             return request(kind, body, arrays)
 
-        honest_init(self, wid, settings, request_or_die)
+        honest_init(self, wid, settings, request_or_die, *rest)
 
     secagg.SecureUpload.__init__ = init  # type: ignore[method-assign]
     return Worker(cfg, worker_id)

@@ -10,6 +10,7 @@ for a round it has not received fetches the model over REQ instead.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import logging
@@ -138,6 +139,7 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self._last_upload = time.monotonic()
         self._secure_done: dict[int, int] = {}  # round -> the secure attempt last done
+        self._stash: collections.deque[Message] = collections.deque()
         self._received_at = time.time()
         self._sub_bytes = 0
         self._sub_setup = None
@@ -197,6 +199,11 @@ class Worker:
                            f"within {timeout:g}s: is it running, and is the port reachable?")
 
     def _recv_sub(self, timeout_ms: int) -> Message | None:
+        if self._stash:  # what arrived while a secure round waited for its stage
+            return self._stash.popleft()
+        return self._receive(timeout_ms)
+
+    def _receive(self, timeout_ms: int) -> Message | None:
         assert self.sub is not None
         if not self.sub.poll(timeout_ms, zmq.POLLIN):
             return None
@@ -314,7 +321,7 @@ class Worker:
         """
         assert self.sub is not None
         first = int(msg.body.get("round", 0))
-        while self.sub.poll(0, zmq.POLLIN):
+        while self._stash or self.sub.poll(0, zmq.POLLIN):
             queued = self._recv_sub(0)
             if queued is None:
                 continue
@@ -399,8 +406,8 @@ class Worker:
                       "n_samples": result.n_samples, "metrics": metrics,
                       "compression": self.compressor.kind, "sent_at": time.time()}
             if secure is not None:
-                reply = SecureUpload(self.worker_id, secure, self._request).run(rnd, update,
-                                                                                 vector)
+                reply = SecureUpload(self.worker_id, secure, self._request,
+                                     self._await_secure_stage).run(rnd, update, vector)
             else:
                 reply = self._request(M.UPDATE, update, arrays)
             # Only what the round measured: a step of several rounds has a loss in one of
@@ -425,6 +432,19 @@ class Worker:
         if secure is not None:  # done with this attempt; the master may begin another
             self._secure_done = {rnd: int(secure.get("attempt", 1))}
         self._last_upload = time.monotonic()
+
+    def _await_secure_stage(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the master's word on PUB that a secure round's
+        stage changed (``secagg_stage``); whatever else arrives meanwhile is kept, in order,
+        for the main loop."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self._receive(max(1, int(left * 1000)))
+            if msg is None:
+                continue
+            if msg.kind == M.SECAGG_STAGE:
+                return
+            self._stash.append(msg)
 
     def _state(self) -> dict[str, Any]:
         # torch's global generator too: dropout and some initializers draw from it.

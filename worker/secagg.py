@@ -1,8 +1,9 @@
 """A worker's side of a secure round (SecAgg+): its keys, its shares, its masked input, and
 what it reveals so that the master can take the masks off the sum and nothing more.
 
-The stages are in ``master/secagg.py``'s docstring; here each is one request, repeated every
-``SECAGG_POLL_INTERVAL`` while the master answers ``ready: false``. Fresh keys every round; a
+The stages are in ``master/secagg.py``'s docstring; here each is one request, asked again while
+the master answers ``ready: false``: as soon as the master says on PUB that the stage changed,
+or after ``SECAGG_POLL_INTERVAL`` should that word be lost. Fresh keys every round; a
 worker reveals, for each neighbour, the share of its seed or of its mask key, never both.
 """
 
@@ -43,13 +44,18 @@ class SecureUpload:
         context, :func:`common.secagg.protocol.round_context`).
     request : callable
         ``request(kind, body, arrays)``: one request to the master, its reply.
+    wait : callable, default time.sleep
+        ``wait(seconds)``: between two asks for a stage that is not ready; the worker's
+        returns early when the master says on PUB that the stage changed.
     """
 
-    def __init__(self, worker_id: str, settings: Mapping[str, Any], request: Request) -> None:
+    def __init__(self, worker_id: str, settings: Mapping[str, Any], request: Request,
+                 wait: Callable[[float], None] = time.sleep) -> None:
         self.worker_id = worker_id
         self.settings = settings
         self.context = bytes(settings["context"])
         self.request = request
+        self.wait = wait
         self.c_key = crypto.new_private_key()
         self.s_key = crypto.new_private_key()
         self.seed = crypto.new_seed()
@@ -62,7 +68,7 @@ class SecureUpload:
             reply = self.request(M.SECAGG, body, None).body
             if reply.get("ready"):
                 return reply
-            time.sleep(C.SECAGG_POLL_INTERVAL)
+            self.wait(C.SECAGG_POLL_INTERVAL)
 
     def run(self, rnd: int, update_body: dict[str, Any], vector: np.ndarray) -> Message:
         """Every stage of the round for ``vector`` (:func:`common.secagg.ring.to_vector`);

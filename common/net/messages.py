@@ -23,6 +23,8 @@ PHASES = (JOINING, TRAINING, REPORTING, DONE)
 ANNOUNCE = "announce"  #: master beacon: who, protocol, phase, round, version
 ROUND = "round"  #: a round's global payload, to every worker (or, per-worker, its opening)
 SHUTDOWN = "shutdown"  #: the job is over; workers fetch the final model, report and exit
+#: A secure round's stage changed (on the announce topic): its workers ask again at once.
+SECAGG_STAGE = "secagg_stage"
 
 # REQ -> REP
 REGISTER = "register"
