@@ -374,3 +374,46 @@ class SshNodes:
     def ssh_args(self) -> str:
         """What Ansible (or ssh) needs to reach the nodes."""
         return "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes"
+
+
+def nft_unavailable() -> str | None:
+    """Why a namespace cannot have an nftables firewall here, or None."""
+    if shutil.which("nft") is None:
+        return "nftables is not installed (apt-get install nftables)"
+    why = unavailable()
+    if why:
+        return why
+    probe = f"{PREFIX}{os.getpid()}nftprobe"
+    subprocess.run(["ip", "netns", "add", probe], capture_output=True)
+    try:
+        done = subprocess.run(["ip", "netns", "exec", probe, "nft", "add", "table", "inet",
+                               "probe"], capture_output=True, text=True)
+        return (None if done.returncode == 0 else
+                f"nft cannot make a table in a namespace: {done.stderr.strip()}")
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+def security_group_ruleset(rules: Sequence[dict[str, Any]]) -> str:
+    """An nftables ruleset that admits to a node what an OpenStack security group with these
+    ingress ``rules`` does (each ``protocol``, ``port_range_min`` / ``max`` and
+    ``remote_ip_prefix``, as ansible/roles/fedctl_openstack/tasks/definitions.yml defines
+    them) and drops the rest; replies to what the node itself opened pass, as through a
+    stateful security group."""
+    lines = ["table inet fedctl_security_group {", "  chain input {",
+             "    type filter hook input priority filter; policy drop;",
+             "    ct state established,related accept", '    iifname "lo" accept']
+    for r in rules:
+        family = "ip6" if ":" in r["remote_ip_prefix"] else "ip"
+        lo, hi = int(r["port_range_min"]), int(r["port_range_max"])
+        ports = str(lo) if lo == hi else f"{lo}-{hi}"
+        lines.append(f"    {family} saddr {r['remote_ip_prefix']} {r['protocol']} dport "
+                     f"{ports} accept")
+    return "\n".join([*lines, "  }", "}", ""])
+
+
+def apply_security_group(net: Network, node: str, rules: Sequence[dict[str, Any]]) -> None:
+    """Put :func:`security_group_ruleset` of ``rules`` in force in ``node``'s namespace (it
+    goes with the namespace)."""
+    subprocess.run(net.command(node, ["nft", "-f", "-"]), input=security_group_ruleset(rules),
+                   text=True, check=True, capture_output=True, timeout=30)

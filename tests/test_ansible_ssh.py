@@ -9,6 +9,10 @@ start the master (bound to its own address) and the workers there, wait for the 
 results, remove the install.
 The nodes share this machine's file system, so each has its own install prefix, as in
 tests/test_ansible.py's local deployment (whose settings this reuses: nothing downloaded).
+Where nftables is installed, the master and the workers are behind the security group
+``provision.yml`` would create, rendered by the role itself for this subnet and this
+controller (SSH from the operator and from the cluster, PUB and REP from the cluster only) and
+enforced by each namespace's own firewall; a port the group does not open is shown closed.
 Skipped, with the reason, without root, iproute2, openssh-server or Ansible.
 """
 
@@ -30,6 +34,7 @@ from tests.test_ansible import (
     _env,
     _explain,
     _inventory,
+    _render,
     _tool,
 )
 
@@ -56,6 +61,38 @@ def _ssh_inventory(base: Path, net: netns.Network, key: Path, ssh_args: str) -> 
     return inv
 
 
+def _security_group(folder: Path, net: netns.Network) -> None:
+    """The rules provision.yml would give the cloud, for this subnet and this controller, in
+    force on the master and the workers; a listener on a port they do not open is then out
+    of the controller's reach, and still within the node's own."""
+    folder.mkdir()
+    proc, rendered = _render(folder, fedctl_openstack_subnet_cidr=netns.SUBNET,
+                             fedctl_openstack_operator_cidr=f"{net.address['ctl']}/32")
+    assert rendered is not None, _explain(proc)
+    rules = rendered["security_rules"]
+    assert {r["port_range_min"] for r in rules} == {22, 5555, 5556}
+    for node in NODES[1:]:
+        netns.apply_security_group(net, node, rules)
+    listener = net.popen("master", ["python3", "-m", "http.server", "8000", "--bind",
+                                    net.address["master"]], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://{net.address['master']}:8000/"
+        fetch = ["python3", "-c", "import sys, urllib.request; "
+                 "urllib.request.urlopen(sys.argv[1], timeout=2)", url]
+        for _ in range(50):  # the listener is up once the master itself can reach it
+            if net.run("master", fetch).returncode == 0:
+                break
+        else:
+            raise AssertionError("the test listener did not start")
+        blocked = net.run("ctl", fetch)
+        assert blocked.returncode != 0, "port 8000 is open to the controller: no firewall"
+        assert "timed out" in blocked.stderr, blocked.stderr[-500:]  # dropped, not refused
+    finally:
+        listener.kill()
+        listener.wait()
+
+
 def test_deploy_run_collect_over_ssh(tmp_path: Path) -> None:
     import yaml
 
@@ -65,6 +102,9 @@ def test_deploy_run_collect_over_ssh(tmp_path: Path) -> None:
         inventory = tmp_path / "hosts.yml"
         inventory.write_text(yaml.safe_dump(
             _ssh_inventory(tmp_path, net, ssh.key, ssh.ssh_args()), sort_keys=False))
+        firewall = netns.nft_unavailable() is None
+        if firewall:
+            _security_group(tmp_path / "render", net)
 
         def play(name: str) -> subprocess.CompletedProcess:
             return subprocess.run(net.command("ctl", [tool, "-i", str(inventory), name]),
@@ -88,6 +128,8 @@ def test_deploy_run_collect_over_ssh(tmp_path: Path) -> None:
             log = (tmp_path / "ssh" / f"sshd-{node}.log").read_text()
             assert f"Accepted publickey for root from {net.address['ctl']}" in log, log[-2000:]
 
+    if not firewall:
+        print(f"no firewall: {netns.nft_unavailable()}")
     results = tmp_path / "results"
     events = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("round") == ROUNDS
