@@ -37,7 +37,7 @@ from common.net.errors import ProtocolError
 from common.secagg import crypto, graph, shamir
 from common.secagg import protocol as P
 from common.secagg.params import SecAggParams
-from common.secagg.ring import RING_DTYPE, dequantize_sum, error_bound, levels
+from common.secagg.ring import RING_DTYPES, dequantize_sum, error_bound, levels
 
 log = logging.getLogger("fedctl.master")
 
@@ -74,11 +74,13 @@ class SecureRound:
         graph the master picks, given the threshold).
     attempt : int, default 1
         Which attempt at the round this is (the context names it too).
+    bits : {32, 16}, default 32
+        The ring's width (:func:`common.secagg.ring.ring_bits` of the job's compression).
     """
 
     def __init__(self, params: SecAggParams, number: int, participants: list[str],
                  context: bytes, vector_size: int, n_max: int, deadline: float, seed: int,
-                 attempt: int = 1) -> None:
+                 attempt: int = 1, bits: int = 32) -> None:
         self.params = params
         self.number = number
         self.attempt = attempt
@@ -87,7 +89,9 @@ class SecureRound:
         self.vector_size = vector_size
         self.n_max = n_max
         self.threshold = params.threshold_for(len(participants))
-        self.levels = levels(len(participants))
+        self.bits = bits
+        self.dtype = RING_DTYPES[bits]
+        self.levels = levels(len(participants), bits)
         self.points = {w: i + 1 for i, w in enumerate(self.participants)}
         self.stage = COLLECTING_KEYS
         self.stage_deadline = deadline
@@ -116,6 +120,7 @@ class SecureRound:
     def settings(self) -> dict[str, Any]:
         """What the round's body tells every worker."""
         return {"threshold": self.threshold, "clip": self.params.clip, "levels": self.levels,
+                "bits": self.bits,
                 "points": self.points, "n_max": self.n_max, "context": self.context,
                 "attempt": self.attempt}
 
@@ -209,8 +214,8 @@ class SecureRound:
             raise ProtocolError("secagg: an update carries one array, secagg.masked",
                                 code=errors.SHAPE)
         y = arrays["secagg.masked"]
-        if y.dtype != RING_DTYPE:
-            raise ProtocolError(f"secagg.masked: dtype {y.dtype}, not {RING_DTYPE}",
+        if y.dtype != self.dtype:
+            raise ProtocolError(f"secagg.masked: dtype {y.dtype}, not {self.dtype}",
                                 code=errors.DTYPE)
         if y.shape != (self.vector_size,):
             raise ProtocolError(f"secagg.masked: shape {list(y.shape)}, not "

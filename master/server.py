@@ -36,6 +36,7 @@ from common.net.transport import (
 from common.net.wire import Message, ProtocolError
 from common.runlog import MetricsLog, read_metrics
 from common.secagg.protocol import round_context
+from common.secagg.ring import ring_bits
 from common.tracking import make_sinks
 from master import screening
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
@@ -625,13 +626,15 @@ class Master:
         """A secure round's bookkeeping (master/secagg.py), for a first or a later attempt."""
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
-        n_max = max(self.family.max_weight(self.workers[w].n_samples, self.workers[w].info)
-                    for w in rnd.participants)
+        # DP-FedAvg weighs every worker alike (a weight is its sensitivity): each sends 1.
+        n_max = 1 if self.cfg.privacy.client_dp is not None else max(
+            self.family.max_weight(self.workers[w].n_samples, self.workers[w].info)
+            for w in rnd.participants)
         self.secure = SecureRound(
             sa, rnd.number, rnd.participants,
             round_context(self.run_id, self.incarnation, rnd.number, attempt),
             self.family.secure_size(), n_max, rnd.deadline,
-            self.cfg.seed, attempt)
+            self.cfg.seed, attempt, bits=ring_bits(self.cfg.compression["kind"]))
 
     def _restart_secure(self, why: str) -> None:
         """Begin the open secure round again: what its workers sent is dropped (only the sum
@@ -781,7 +784,8 @@ class Master:
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors))
-            after = self.family.aggregate(rnd.number, [result]).arrays
+            copies = len(survivors) if self.family.strategy.sums_updates else 1
+            after = self.family.aggregate(rnd.number, [result] * copies).arrays
             problem = screening.aggregate_problem(before.arrays, after)
         except Exception as exc:
             log.debug("secure aggregation failed", exc_info=True)

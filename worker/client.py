@@ -125,7 +125,10 @@ class Worker:
         seed = worker_seed(cfg, worker_id)
         torch.manual_seed(seed)
         self.family: ClientFamily = make_client_family(cfg, self.data, self.device, seed)
-        kind = cfg.compression["kind"] if self.family.compressible else "none"
+        # A secure round's compression is its ring's width (common/secagg/ring.py): the update
+        # itself goes into the masked input uncompressed.
+        kind = (cfg.compression["kind"] if self.family.compressible
+                and cfg.privacy.secure_aggregation is None else "none")
         self.compressor = Compressor(kind, cfg.compression.get("fraction", 0.01))
         self.snapshots = (Snapshots(state_dir or default_state_dir(cfg, worker_id), worker_id)
                           if cfg.worker_snapshots else None)
@@ -392,7 +395,9 @@ class Worker:
         self.state_round = rnd
         secure = body.get("secagg")
         if secure is not None:
-            vector, clipped = self.family.secure_vector(arrays, model, result.n_samples,
+            # DP-FedAvg weighs every worker alike: weight 1 (the master's n_max is 1 too).
+            weight = 1 if self.cfg.privacy.client_dp is not None else result.n_samples
+            vector, clipped = self.family.secure_vector(arrays, model, weight,
                                                         int(secure["n_max"]),
                                                         float(secure["clip"]))
             metrics["secagg_clipped"] = clipped

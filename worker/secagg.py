@@ -22,7 +22,7 @@ from common.net import messages as M
 from common.net.wire import Message
 from common.secagg import crypto, shamir
 from common.secagg import protocol as P
-from common.secagg.ring import quantize
+from common.secagg.ring import RING_DTYPES, quantize
 
 log = logging.getLogger("fedctl.worker")
 
@@ -110,7 +110,10 @@ class SecureUpload:
         # 3. the masked input, with the neighbours that shared (those the master can unmask)
         pair_keys = {v: P.mask_key(self.s_key, self.peers[v][1], self.context,
                                    self.worker_id, v) for v in inbox}
-        y = P.masked_input(quantize(vector, clip, n_levels), self.seed, self.worker_id,
+        bits = int(self.settings.get("bits", 32))
+        if bits not in RING_DTYPES:
+            raise SecAggError(f"round {rnd}: a ring of {bits} bits (known: 32, 16)")
+        y = P.masked_input(quantize(vector, clip, n_levels, bits), self.seed, self.worker_id,
                            pair_keys)
         ack = self.request(M.UPDATE, {**update_body, "context": self.context},
                            {"secagg.masked": y})

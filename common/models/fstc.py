@@ -377,19 +377,20 @@ def aggregate_centers(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray
 def centers_as_sum(arrays: Mapping[str, np.ndarray], n_samples: int, n_max: int, clip: float
                    ) -> tuple[np.ndarray, float]:
     """A worker's eq. 16 terms as one vector for secure aggregation (whose sum is all the
-    server sees): ``n_k / n_max · C_k`` for each centre, then ``n_k / n_max``; with the final
-    round's head, ``n / n_max`` times each of its values, then ``n / n_max``. Values are
-    clipped to ``[-clip, clip]``; returns the vector and the share of values clipped."""
+    server sees): ``n_k / n_max · C_k`` for each centre, then ``clip · n_k / n_max``; with the
+    final round's head, ``n / n_max`` times each of its values, then ``clip · n / n_max``.
+    Values are clipped to ``[-clip, clip]`` (the weights, at most 1, are scaled by ``clip`` to
+    fit it however small it is); returns the vector and the share of values clipped."""
     C = np.asarray(arrays[CENTERS], dtype=np.float64)
     w = np.asarray(arrays[COUNTS], dtype=np.float64) / n_max
-    parts = [(w[:, None] * np.clip(C, -clip, clip)).ravel(), w]
+    parts = [(w[:, None] * np.clip(C, -clip, clip)).ravel(), w * clip]
     clipped, total = int(np.count_nonzero(np.abs(C) > clip)), C.size
     r = n_samples / n_max
     for name in ("head.weight", "head.bias") if "head.weight" in arrays else ():
         a = np.asarray(arrays[name], dtype=np.float64).ravel()
         clipped, total = clipped + int(np.count_nonzero(np.abs(a) > clip)), total + a.size
         parts.append(r * np.clip(a, -clip, clip))
-    parts.append(np.array([r]))
+    parts.append(np.array([r * clip]))
     return np.concatenate(parts), clipped / total
 
 
@@ -399,11 +400,13 @@ def centers_size(k: int, dim: int, with_head: bool) -> int:
 
 
 def centers_from_sum(total: np.ndarray, k: int, dim: int, with_head: bool, n_max: int,
-                     previous: np.ndarray) -> dict[str, np.ndarray]:
+                     previous: np.ndarray, clip: float) -> dict[str, np.ndarray]:
     """Eq. 16 from the sum of the workers' :func:`centers_as_sum` vectors: the centres (a
     cluster no worker holds keeps ``previous``), their counts, and the head's sample-weighted
     average when it came."""
-    s = np.asarray(total, dtype=np.float64)
+    s = np.asarray(total, dtype=np.float64).copy()
+    s[k * dim:k * dim + k] /= clip  # the weights back from their scaled form
+    s[-1] /= clip
     counts = np.rint(np.maximum(s[k * dim:k * dim + k] * n_max, 0.0))  # whole documents
     held = counts > 0
     centers = np.asarray(previous, dtype=np.float64).copy()

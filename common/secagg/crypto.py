@@ -71,10 +71,12 @@ def new_seed() -> bytes:
     return os.urandom(KEY_BYTES)
 
 
-def mask(key: bytes, size: int) -> np.ndarray:
-    """``size`` uniform elements of the ring from ChaCha20's keystream under ``key``."""
+def mask(key: bytes, size: int, dtype: np.dtype = RING_DTYPE) -> np.ndarray:
+    """``size`` uniform elements of the ring of ``dtype`` (uint32 or uint16) from ChaCha20's
+    keystream under ``key``."""
+    dtype = np.dtype(dtype)
     stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()
-    return np.frombuffer(stream.update(bytes(4 * size)), dtype=RING_DTYPE)
+    return np.frombuffer(stream.update(bytes(dtype.itemsize * size)), dtype=dtype)
 
 
 def encrypt(key: bytes, plaintext: bytes, associated: bytes) -> bytes:

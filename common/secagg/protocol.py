@@ -17,7 +17,7 @@ import msgpack
 import numpy as np
 
 from common.secagg import crypto
-from common.secagg.ring import RING_DTYPE
+from common.secagg.ring import RING_DTYPES
 
 #: The stages a worker's ``secagg`` requests name, in order (the masked input itself is an
 #: ``update``).
@@ -76,11 +76,14 @@ def sign(u: str, v: str) -> int:
 
 def masked_input(quantized: np.ndarray, self_seed: bytes, worker: str,
                  pair_keys: Mapping[str, bytes]) -> np.ndarray:
-    """``y_u``: the quantized vector plus the self mask and the pairwise masks (mod 2^32)."""
-    y = np.array(quantized, dtype=RING_DTYPE, copy=True)
-    y += crypto.mask(self_seed, y.size)
+    """``y_u``: the quantized vector plus the self mask and the pairwise masks, in the ring
+    of its dtype (uint32: mod 2^32; uint16: mod 2^16)."""
+    y = np.array(quantized, copy=True)
+    if y.dtype not in RING_DTYPES.values():
+        raise ValueError(f"a quantized vector is uint32 or uint16, not {y.dtype}")
+    y += crypto.mask(self_seed, y.size, y.dtype)
     for v, key in pair_keys.items():
-        m = crypto.mask(key, y.size)
+        m = crypto.mask(key, y.size, y.dtype)
         if sign(worker, v) > 0:
             y += m
         else:
@@ -95,14 +98,15 @@ def unmask(inputs: Mapping[str, np.ndarray], self_seeds: Mapping[str, bytes],
     ``self_seeds`` has every one of those workers' seeds; ``dropped_pair_keys`` maps
     ``(u, v)`` (``u`` in ``inputs``, ``v`` dropped after sharing) to their mask key.
     """
-    size = next(iter(inputs.values())).size
-    total = np.zeros(size, dtype=RING_DTYPE)
+    first = next(iter(inputs.values()))
+    size, dtype = first.size, first.dtype
+    total = np.zeros(size, dtype=dtype)
     for y in inputs.values():
         total += y
     for seed in self_seeds.values():
-        total -= crypto.mask(seed, size)
+        total -= crypto.mask(seed, size, dtype)
     for (u, v), key in dropped_pair_keys.items():
-        m = crypto.mask(key, size)
+        m = crypto.mask(key, size, dtype)
         if sign(u, v) > 0:
             total -= m
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from common.config import ClusterConfig, ConfigError
 from common.plugins import family_half
+from common.secagg.ring import COMPRESSION_BITS
 from master.families.base import Payload, ServerFamily
 from master.families.fstc import FSTCServer
 from master.families.lda import LDAServer, SentenceLDAServer
@@ -55,8 +56,10 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
         refusals = [("model", cls.secure_refusal(cfg.family_params)),
                     ("strategy", strategy.secure_aggregation_refusal and
                      f"{strategy.name}: {strategy.secure_aggregation_refusal}"),
-                    ("compression", cfg.compression["kind"] != "none" and
-                     "the masked ring elements are what is sent; set compression: none"),
+                    ("compression", cfg.compression["kind"] not in COMPRESSION_BITS and
+                     f"{cfg.compression['kind']} sends some coordinates of an update, and a "
+                     f"masked input must hold them all; float16 and int8 compose (a 16-bit "
+                     f"ring), or set compression: none"),
                     ("max_weight_fraction", cfg.max_weight_fraction is not None and
                      "the master cannot cap weights it does not see")]
         for what, why in refusals:

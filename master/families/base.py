@@ -80,7 +80,9 @@ class ServerFamily(ABC):
         """The round's aggregate input from the unmasked float sum of the workers' secure
         inputs (the client half's ``secure_vector``): by default the weighted average model,
         handed to :meth:`aggregate` as the one result."""
-        return from_sum(total, self.global_.arrays)[0]
+        sa = self.cfg.privacy.secure_aggregation
+        assert sa is not None
+        return from_sum(total, self.global_.arrays, sa.clip)[0]
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg

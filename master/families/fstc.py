@@ -185,9 +185,11 @@ class FSTCServer(ServerFamily):
         return centers_size(self.n_clusters, self.dim, bool(self.global_.meta.get("final")))
 
     def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+        sa = self.cfg.privacy.secure_aggregation
+        assert sa is not None
         return centers_from_sum(total, self.n_clusters, self.dim,
                                 bool(self.global_.meta.get("final")), n_max,
-                                self.global_.arrays[CENTERS])
+                                self.global_.arrays[CENTERS], sa.clip)
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with

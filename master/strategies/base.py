@@ -42,6 +42,10 @@ class Strategy(ABC):
     #: Why the strategy cannot work from the sum of the updates alone
     #: (``privacy.secure_aggregation``, where the master sees nothing else); None: it can.
     secure_aggregation_refusal: str | None = None
+    #: Whether :meth:`aggregate` sums the updates over a fixed denominator (DP-FedAvg) rather
+    #: than taking their weighted mean: a secure round then hands it the survivors' mean once
+    #: per survivor, so that its sum is theirs.
+    sums_updates: bool = False
 
     @abstractmethod
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]

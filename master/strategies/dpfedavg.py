@@ -37,7 +37,10 @@ class DPFedAvg(Strategy):
     """
 
     name = "dpfedavg"
-    secure_aggregation_refusal = "DP-FedAvg with secure aggregation is not built yet"
+    #: With secure aggregation the workers send weight 1 and their clipped changes (the master
+    #: cannot clip what it does not see; it clips their mean, a no-op for honest workers) and
+    #: the master adds the noise to the unmasked sum.
+    sums_updates = True
 
     def __init__(self, clip: float, noise_multiplier: float, expected_clients: int) -> None:
         self.clip = clip
