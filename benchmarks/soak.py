@@ -176,13 +176,26 @@ def sampled(res: dict[str, Any], key: str) -> dict[str, list[tuple[int, float]]]
 def table(res: dict[str, Any]) -> list[str]:
     lines = ["| figure | first tenth (median) | last tenth (median) | change | within 5 % |",
              "|---|---|---|---|---|"]
-    for name, xs in series(res).items():
+    s = series(res)
+    probe = s.get("the machine: fixed probe, CPU ms", [])
+    for name, xs in s.items():
         if len(xs) < 10:
             continue
         a, b = tenths(xs)
         change = (b - a) / a if a else 0.0
         lines.append(f"| {name} | {a:.1f} | {b:.1f} | {100 * change:+.1f} % | "
                      f"{'yes' if abs(change) <= GOAL else '**no**'} |")
+    if len(probe) >= 10:
+        # What a figure did beyond the machine's own change of speed over the run.
+        pa, pb = tenths(probe)
+        for name, xs in s.items():
+            if len(xs) >= 10 and ("CPU a round" in name or name == "round time, ms") \
+                    and "launcher" not in name:
+                a, b = tenths(xs)
+                change = (b / pb) / (a / pa) - 1 if a and pa else 0.0
+                lines.append(f"| {name} ÷ the machine's probe | {a / pa:.3f} | {b / pb:.3f} | "
+                             f"{100 * change:+.1f} % | "
+                             f"{'yes' if abs(change) <= GOAL else '**no**'} |")
     return lines
 
 
@@ -239,9 +252,13 @@ def report(res: dict[str, Any], results: Path) -> None:
              "samples for memory and descriptors); the goal is a change within 5 %. *CPU a "
              "round*: a process's CPU time (user + system) between two samples over the rounds "
              "done meanwhile, which does not depend on how the 2 cores were shared; *the "
-             "machine*: a fixed piece of numpy arithmetic timed at each sample, which moves "
-             "only if the machine itself got faster or slower (other tenants).", "",
-             *table(res), "", f"![soak]({name}.png)", ""]
+             "machine*: a fixed piece of numpy arithmetic timed at each sample (its CPU time), "
+             "which moves only if the machine itself got faster or slower (other tenants of "
+             "the host); *÷ the machine's probe*: a figure relative to it, what is left once "
+             "the machine's own change is taken out. The launcher's CPU a round is under a "
+             "clock tick (10 ms) between samples: its change says nothing.", "",
+             *table(res), "", *([res["note"], ""] if res.get("note") else []),
+             f"![soak]({name}.png)", ""]
     (results / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(table(res)))
 
@@ -255,18 +272,23 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--replot", type=Path, default=None, metavar="JSON",
                     help="redraw the table and figure from a results JSON")
+    ap.add_argument("--note", default=None,
+                    help="a paragraph for the report (what else ran meanwhile), kept in the JSON")
     args = ap.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     if args.replot:
-        report(json.loads(args.replot.read_text()), args.results)
+        res = json.loads(args.replot.read_text())
+        if args.note:
+            res["note"] = args.note
+        report(res, args.results)
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
-    res = soak(work, args.rounds, args.hours, args.interval)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    res.update(command=command_line(ROOT), load_before=load, commit=commit)
+                            capture_output=True, text=True).stdout.strip()  # what runs
+    res = soak(work, args.rounds, args.hours, args.interval)
+    res.update(command=command_line(ROOT), load_before=load, commit=commit, note=args.note)
     report(res, args.results)
 
 
