@@ -48,16 +48,44 @@ def levels(n_participants: int, bits: int = 32) -> int:
     return (2**bits - 1) // n_participants
 
 
+#: Elements a pass over a long vector handles at a time: float64 blocks of 2 MiB stay in the
+#: cache between the steps of a formula (a 25 M-parameter update is 200 MB in float64; whole-
+#: vector numpy steps were most of a secure round's extra time, measured).
+CHUNK = 1 << 18
+
+
+def _blocks(size: int) -> range:
+    return range(0, size, CHUNK)
+
+
 def quantize(values: np.ndarray, clip: float, n_levels: int, bits: int = 32) -> np.ndarray:
     """``values`` (already within ``[-clip, clip]``; clipped again here) as elements of
     Z/2^bits."""
-    v = np.clip(np.asarray(values, dtype=np.float64), -clip, clip)
-    return np.rint((v + clip) * (n_levels / (2.0 * clip))).astype(RING_DTYPES[bits])
+    v = np.asarray(values).reshape(-1)
+    out = np.empty(v.size, dtype=RING_DTYPES[bits])
+    scale = n_levels / (2.0 * clip)
+    buf = np.empty(min(CHUNK, v.size), dtype=np.float64)
+    for i in _blocks(v.size):
+        b = buf[:min(CHUNK, v.size - i)]
+        np.clip(v[i:i + CHUNK], -clip, clip, out=b)
+        b += clip
+        b *= scale
+        np.rint(b, out=b)
+        out[i:i + CHUNK] = b
+    return out.reshape(np.shape(values))
 
 
 def dequantize_sum(total: np.ndarray, count: int, clip: float, n_levels: int) -> np.ndarray:
     """The float sum of ``count`` values from the ring sum of their quantized forms."""
-    return np.asarray(total, dtype=np.float64) * (2.0 * clip / n_levels) - count * clip
+    t = np.asarray(total).reshape(-1)
+    out = np.empty(t.size, dtype=np.float64)
+    step, shift = 2.0 * clip / n_levels, count * clip
+    for i in _blocks(t.size):
+        b = out[i:i + CHUNK]
+        b[:] = t[i:i + CHUNK]
+        b *= step
+        b -= shift
+    return out.reshape(np.shape(total))
 
 
 def error_bound(count: int, clip: float, n_levels: int) -> float:
@@ -74,15 +102,21 @@ def to_vector(arrays: dict[str, np.ndarray], base: dict[str, np.ndarray], weight
     if set(arrays) != set(base):
         raise ValueError(f"the update's arrays {sorted(arrays)} are not the model's "
                          f"{sorted(base)}")
-    parts, clipped, total = [], 0, 0
+    size = vector_size(base)
+    out = np.empty(size, dtype=np.float64)
+    at, clipped = 0, 0
     for name in sorted(base):
-        d = np.asarray(arrays[name], dtype=np.float64).reshape(-1) \
-            - np.asarray(base[name], dtype=np.float64).reshape(-1)
-        clipped += int(np.count_nonzero(np.abs(d) > clip))
-        total += d.size
-        parts.append(weight * np.clip(d, -clip, clip))
-    parts.append(np.array([weight * clip]))
-    return np.concatenate(parts), clipped / max(total, 1)
+        x = np.asarray(arrays[name]).reshape(-1)
+        g = np.asarray(base[name]).reshape(-1)
+        for i in _blocks(x.size):
+            d = out[at + i:at + min(i + CHUNK, x.size)]
+            np.subtract(x[i:i + CHUNK], g[i:i + CHUNK], out=d, dtype=np.float64)
+            clipped += int(np.count_nonzero(d > clip)) + int(np.count_nonzero(d < -clip))
+            np.clip(d, -clip, clip, out=d)
+            d *= weight
+        at += x.size
+    out[-1] = weight * clip
+    return out, clipped / max(size - 1, 1)
 
 
 def vector_size(base: dict[str, np.ndarray]) -> int:
@@ -100,7 +134,11 @@ def from_sum(total: np.ndarray, base: dict[str, np.ndarray], clip: float
     out, at = {}, 0
     for name in sorted(base):
         b = np.asarray(base[name])
-        step = total[at:at + b.size].reshape(b.shape) / weights
-        out[name] = (b.astype(np.float64) + step).astype(b.dtype)
+        flat, new = b.reshape(-1), np.empty(b.size, dtype=b.dtype)
+        for i in _blocks(b.size):
+            step = total[at + i:at + min(i + CHUNK, b.size)] / weights
+            step += flat[i:i + CHUNK]
+            new[i:i + CHUNK] = step
+        out[name] = new.reshape(b.shape)
         at += b.size
     return out, weights
