@@ -188,8 +188,10 @@ def main() -> None:
     minutes = (time.monotonic() - t_start) / 60
     args.results.mkdir(parents=True, exist_ok=True)
     saved = args.results / "secagg.json"
+    kept: list[int] = []
     if args.hidden and saved.exists():  # the other sizes' rows stay as they were measured
         old = json.loads(saved.read_text())
+        kept = sorted({r["hidden"] for r in old["rows"] if r["hidden"] not in sizes})
         rows = [r for r in old["rows"] if r["hidden"] not in sizes] + rows
         arith = {**{k: v for k, v in old["arithmetic"].items()
                     if int(k) not in {n_params(h) for h in sizes}}, **arith}
@@ -201,7 +203,10 @@ def main() -> None:
              f"`{command_line(ROOT)}`", "",
              __doc__.split("\n\n", 1)[1].split("Usage:")[0].strip(), "",
              f"Load average before / after: {load[0]:.1f} / {os.getloadavg()[0]:.1f} "
-             f"(2 cores, shared); {minutes:.1f} min in all.", "",
+             f"(2 cores, shared); {minutes:.1f} min in all." + (
+                 f" The rows of {', '.join(f'{n_params(h) / 1e6:.2g} M' for h in kept)} "
+                 f"parameters are kept from the saved results of an earlier run."
+                 if kept else ""), "",
              "| parameters | workers | mode | median round, ms | overhead, ms | slowest "
              "training, ms | bytes in a round | round: secure − plain, ms | overhead: "
              "secure − plain, ms (× plain) |",
