@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import resource
 import shutil
 import statistics
 import threading
@@ -228,11 +229,20 @@ def _start_thread_workers(cluster: LocalCluster, errors: list[str]) -> list[thre
     N processes of a few hundred MB each would not fit where N reaches 100 (as in
     ``tests/test_load.py``). A worker's exception is appended to ``errors``."""
     import torch
+    import zmq
 
     from worker.client import Worker
 
     torch.set_num_threads(1)
     wcfg = load_config(cluster.config_path)  # what the worker processes would have read
+    # Three sockets a worker (SUB, REQ, the heartbeat's REQ), each a descriptor or two: past
+    # ZeroMQ's default of 1,023 sockets a context, and the usual 1,024 descriptors, at N ~ 300.
+    ctx = zmq.Context.instance()
+    ctx.set(zmq.MAX_SOCKETS, max(ctx.get(zmq.MAX_SOCKETS), 4 * len(cluster.cfg.workers) + 64))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 8 * len(cluster.cfg.workers) + 256
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
 
     def work(wid: str) -> None:
         try:

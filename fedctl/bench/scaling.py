@@ -20,6 +20,8 @@ def section_scaling(base: ClusterConfig, plan: Plan, work: Path, log: Callable[[
         threads_mode = n >= plan.scaling_threads_from
         cfg = bench_config(base, work / f"scaling_{n}", n_workers=n, rounds=plan.scaling_rounds,
                            eval_every=0, baselines=False, heartbeat_timeout=60.0,
+                           # threads start one after another: ~0.3 s a worker at N = 1,000
+                           join_timeout=max(base.join_timeout, 0.6 * n),
                            **{"data.partition": "iid", "data.limit": plan.scaling_limit,
                               "security.mode": "none"})
         log(f"scaling: {n} worker(s) as {'threads' if threads_mode else 'processes'}, "
