@@ -237,8 +237,9 @@ def _start_thread_workers(cluster: LocalCluster, errors: list[str]) -> list[thre
     wcfg = load_config(cluster.config_path)  # what the worker processes would have read
     # Three sockets a worker (SUB, REQ, the heartbeat's REQ), each a descriptor or two: past
     # ZeroMQ's default of 1,023 sockets a context, and the usual 1,024 descriptors, at N ~ 300.
-    ctx = zmq.Context.instance()
-    ctx.set(zmq.MAX_SOCKETS, max(ctx.get(zmq.MAX_SOCKETS), 4 * len(cluster.cfg.workers) + 64))
+    # A context of this run's own: the limit holds only if set before its first socket.
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, 4 * len(cluster.cfg.workers) + 64)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 8 * len(cluster.cfg.workers) + 256
     if soft < want:
@@ -246,7 +247,7 @@ def _start_thread_workers(cluster: LocalCluster, errors: list[str]) -> list[thre
 
     def work(wid: str) -> None:
         try:
-            Worker(wcfg, wid).run()
+            Worker(wcfg, wid, ctx=ctx).run()
         except Exception as exc:  # noqa: BLE001 - reported by run_cluster
             errors.append(f"{wid}: {type(exc).__name__}: {exc}")
 
