@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.config import load_config  # noqa: E402
 from fedctl.bench.plan import Plan  # noqa: E402
-from fedctl.bench.report import command_line  # noqa: E402
+from fedctl.bench.report import command_line, current_commit  # noqa: E402
 from fedctl.bench.scaling import section_scaling  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -136,10 +136,7 @@ def main() -> None:
     out = section_scaling(load_config(ROOT / "cluster.yaml"), plan, work,
                           lambda s: print(f"[scaling] {s}", file=sys.stderr, flush=True))
     rows = [{k: v for k, v in r.items() if k != "run"} for r in out.values()]
-    import subprocess
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    commit = current_commit(ROOT)
     saved = {"rows": rows, "rounds": args.rounds, "command": command_line(ROOT), "note": args.note,
              "load_before": load, "load_after": os.getloadavg(),
              "minutes": (time.monotonic() - t0) / 60, "commit": commit}

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
 from common.runlog import MetricsTail  # noqa: E402
-from fedctl.bench.report import command_line  # noqa: E402
+from fedctl.bench.report import command_line, current_commit  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -289,8 +289,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()  # what runs
+    commit = current_commit(ROOT)  # what runs
     res = soak(work, args.rounds, args.hours, args.interval)
     res.update(command=command_line(ROOT), load_before=load, commit=commit, note=args.note,
                probe="elementwise")

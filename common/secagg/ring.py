@@ -26,7 +26,6 @@ import numpy as np
 #: The ring's modulus is 2^b: numpy's unsigned arithmetic of b bits wraps modulo it for free.
 RING_DTYPES = {32: np.dtype("<u4"), 16: np.dtype("<u2")}
 RING_DTYPE = RING_DTYPES[32]
-RING_MAX = 2**32 - 1
 #: The ring each ``compression.kind`` a secure round can compose with gives (top-k cannot:
 #: a masked input must hold every coordinate).
 COMPRESSION_BITS = {"none": 32, "float16": 16, "int8": 16}

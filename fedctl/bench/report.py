@@ -19,6 +19,15 @@ def command_line(root: Path) -> str:
     return "python " + " ".join(shlex.quote(a) for a in [shown, *sys.argv[1:]])
 
 
+def current_commit(root: Path) -> str:
+    """The checkout's short commit id, for a results file ("" outside a git checkout)."""
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                          capture_output=True, text=True)
+    return done.stdout.strip()
+
+
 def median_range(xs: list[float], digits: int = 4) -> str:
     """A table cell for repeated runs: ``median (min–max)``, the value alone for one run, a
     dash for none."""
