@@ -74,14 +74,18 @@ class SecureRound:
         graph the master picks, given the threshold).
     attempt : int, default 1
         Which attempt at the round this is (the context names it too).
-    bits : {32, 16}, default 32
-        The ring's width (:func:`common.secagg.ring.ring_bits` of the job's compression).
+    bits : {32, 16, 64}, default 32
+        The ring's width (:func:`common.secagg.ring.ring_bits` of the job's compression, or
+        the family's own: :meth:`master.families.base.ServerFamily.secure_ring`).
+    clip : float or None, default None
+        The inputs' clipping range (None: ``params.clip``).
     """
 
     def __init__(self, params: SecAggParams, number: int, participants: list[str],
                  context: bytes, vector_size: int, n_max: int, deadline: float, seed: int,
-                 attempt: int = 1, bits: int = 32) -> None:
+                 attempt: int = 1, bits: int = 32, clip: float | None = None) -> None:
         self.params = params
+        self.clip = params.clip if clip is None else clip
         self.number = number
         self.attempt = attempt
         self.participants = sorted(participants)
@@ -119,7 +123,7 @@ class SecureRound:
 
     def settings(self) -> dict[str, Any]:
         """What the round's body tells every worker."""
-        return {"threshold": self.threshold, "clip": self.params.clip, "levels": self.levels,
+        return {"threshold": self.threshold, "clip": self.clip, "levels": self.levels,
                 "bits": self.bits,
                 "points": self.points, "n_max": self.n_max, "context": self.context,
                 "attempt": self.attempt}
@@ -332,7 +336,7 @@ class SecureRound:
                     pair_keys[(u, owner)] = P.mask_key(private, self.keys[u][1], self.context,
                                                        u, owner)
         ring_sum = P.unmask(self.inputs, seeds, pair_keys)
-        self.sum_ = dequantize_sum(ring_sum, len(self.inputs), self.params.clip, self.levels)
+        self.sum_ = dequantize_sum(ring_sum, len(self.inputs), self.clip, self.levels)
         self.stage = DONE
         if dropped:
             log.info("round %d: secure sum of %d workers (%s dropped after sharing: their "
@@ -340,4 +344,4 @@ class SecureRound:
 
     def error_bound(self) -> float:
         """The largest quantization error of the unmasked sum, per coordinate."""
-        return error_bound(len(self.inputs), self.params.clip, self.levels)
+        return error_bound(len(self.inputs), self.clip, self.levels)

@@ -630,11 +630,12 @@ class Master:
         n_max = 1 if self.cfg.privacy.client_dp is not None else max(
             self.family.max_weight(self.workers[w].n_samples, self.workers[w].info)
             for w in rnd.participants)
+        bits, clip = self.family.secure_ring(ring_bits(self.cfg.compression["kind"]))
         self.secure = SecureRound(
             sa, rnd.number, rnd.participants,
             round_context(self.run_id, self.incarnation, rnd.number, attempt),
             self.family.secure_size(), n_max, rnd.deadline,
-            self.cfg.seed, attempt, bits=ring_bits(self.cfg.compression["kind"]))
+            self.cfg.seed, attempt, bits=bits, clip=clip)
 
     def _restart_secure(self, why: str) -> None:
         """Begin the open secure round again: what its workers sent is dropped (only the sum
@@ -783,7 +784,8 @@ class Master:
             arrays = self.family.secure_result(sa.sum_, sa.n_max)
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
-                                  sum(rnd.results[w].n_samples for w in survivors))
+                                  sum(rnd.results[w].n_samples for w in survivors),
+                                  members=tuple(survivors))
             copies = len(survivors) if self.family.strategy.sums_updates else 1
             after = self.family.aggregate(rnd.number, [result] * copies).arrays
             problem = screening.aggregate_problem(before.arrays, after)

@@ -277,15 +277,22 @@ EXACT = {"family": "prodlda", "mode": "sync", "n_topics": 8, "vocab_size": 300,
     # (masks drawn per document). In float64: dividing by the batch's scale makes float32
     # rounding grow past 1e-5 within 30 steps.
     {"batch_stats": True, "sync_batch_norm": True, "dropout": 0.2, "dtype": "float64"},
-], ids=["fixed-statistics", "synchronized-batch-norm"])
+    # The same under secure aggregation: the master learns only each phase's sums
+    # (common/models/ntm_secure.py), in the 64-bit ring.
+    {"batch_stats": True, "sync_batch_norm": True, "dropout": 0.2, "dtype": "float64",
+     "secure": True},
+], ids=["fixed-statistics", "synchronized-batch-norm", "secure-synchronized-batch-norm"])
 def test_sync_cluster_equals_centralized_training_on_the_union_batches(
         tmp_path: Path, make_config: MakeConfig, embed_cache: Path,
         batch_norm: dict) -> None:
-    steps = 30 if not batch_norm["batch_stats"] else 20
+    batch_norm = dict(batch_norm)
+    secure = batch_norm.pop("secure", False)
+    steps = (30 if not batch_norm["batch_stats"] else 20) // (2 if secure else 1)
     per_step = NTMParams(**{k: v for k, v in {**EXACT, **batch_norm}.items()
                             if k != "family"}).rounds_per_step
     cfg_path = make_config(tmp_path, workers=3, rounds=steps * per_step,
-                           model={**EXACT, **batch_norm})
+                           model={**EXACT, **batch_norm},
+                           **({"privacy": {"secure_aggregation": {}}} if secure else {}))
     _run(cfg_path, embed_cache)
     out = tmp_path / "out"
     fed, meta = _final(out)
@@ -293,6 +300,10 @@ def test_sync_cluster_equals_centralized_training_on_the_union_batches(
     assert [e["round"] for e in rounds] == list(range(1, steps * per_step + 1))
     assert all(e["n_updates"] == 3 for e in rounds)
     assert meta["meta"]["step"] == steps
+    if secure:  # every round was a secure sum of the three
+        sums = events(out, "secagg")
+        assert [e["round"] for e in sums] == list(range(1, steps * per_step + 1))
+        assert all(len(e["survivors"]) == 3 and e["error_bound"] < 1e-6 for e in sums)
 
     # Centralized: one model from the same seed, one Adam step per round on the union of the
     # batches the three workers drew (each in its own seeded order), same per-document noise.
@@ -481,6 +492,65 @@ def test_master_runs_synchronized_steps_and_redoes_one_a_worker_leaves() -> None
     assert not server.budget_spent(13) and server.total_steps == 2
     final = phase(steps, mid, round_=26)
     assert final.meta["phase"] == 0 and set(final.arrays) == set(payload.arrays)
+
+
+def test_master_redoes_a_secure_step_a_worker_drops_out_of_or_abstains_in() -> None:
+    # Under secure aggregation the master sees one sum a phase and who is in it: a phase
+    # summed without one of the step's workers, or with an abstention counted in it, is
+    # redone from the step's start, as in plain rounds.
+    from common.models import ntm_secure
+    from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
+    from master.families.ntm import ProdLDAServer
+    from master.strategies import ClientResult, make_strategy
+
+    names = ("w1", "w2", "w3")
+    cfg = parse_config({"workers": list(names), "rounds": 20,
+                        "privacy": {"secure_aggregation": {}},
+                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
+                                  "min_df": 1, "batch_size": 8}}, "<test>")
+    server = ProdLDAServer(cfg, make_strategy("fedavg"))
+    regs = {w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)}, "n_docs": 5}
+            for i, w in enumerate(names)}
+    first = server.setup(regs)
+    assert server.secure_ring(32) == (64, ntm_secure.CLIPS[0])
+    rng = np.random.default_rng(0)
+    data = {w: sp.csr_matrix(rng.poisson(0.5, size=(8, 32)).astype(float)) for w in names}
+    params = build_params(NTMParams, cfg.family_params, "m")
+    nodes = {w: params.model(0, 1 + i).initialize(32) for i, w in enumerate(names)}
+
+    def start(payload):
+        for node in nodes.values():
+            node.set_arrays(payload.arrays)
+        return {w: SyncBNStep(nodes[w], data[w], None, np.arange(8), None,
+                              payload.meta["step"]) for w in names}
+
+    def phase(steps, payload, who=names, abstains=()):
+        ph = payload.meta["phase"]
+        vecs = []
+        for w in who:
+            up = ({ABSTAIN: np.zeros(0)} if w in abstains
+                  else steps[w].upload(ph, payload.arrays))
+            vecs.append(ntm_secure.worker_vector(nodes[w], ph, up, 8, first.arrays,
+                                                 getattr(steps[w], "n_union", 0.0)))
+        assert server.secure_size() == vecs[0].size
+        arrays = server.secure_result(np.sum(vecs, axis=0), 1)
+        server.check_update(arrays)
+        return server.aggregate(1, [ClientResult("secure-sum", arrays, 8 * len(who),
+                                                 members=tuple(who))])
+
+    steps = start(first)
+    payload = phase(steps, first)
+    assert payload.meta["phase"] == 1 and server.participants() == list(names)
+    redone = phase(steps, payload, who=("w1", "w2"))  # w3 dropped after sharing its keys
+    assert redone.meta == first.meta and server.steps_ == 0
+    steps = start(redone)
+    payload = phase(steps, phase(steps, redone), abstains=("w3",))  # w3 lost the step
+    assert payload.meta == first.meta and server.steps_ == 0
+    steps, payload = start(payload), first
+    for _ in range(5):
+        payload = phase(steps, payload)
+    assert server.steps_ == 1 and payload.meta["phase"] == 0
+    assert np.abs(payload.arrays["beta"] - first.arrays["beta"]).max() > 1e-4
 
 
 def test_worker_abstains_from_a_step_it_holds_no_state_of(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ class SecureUpload:
                                    self.worker_id, v) for v in inbox}
         bits = int(self.settings.get("bits", 32))
         if bits not in RING_DTYPES:
-            raise SecAggError(f"round {rnd}: a ring of {bits} bits (known: 32, 16)")
+            raise SecAggError(f"round {rnd}: a ring of {bits} bits (known: 64, 32, 16)")
         y = P.masked_input(quantize(vector, clip, n_levels, bits), self.seed, self.worker_id,
                            pair_keys)
         ack = self.request(M.UPDATE, {**update_body, "context": self.context},

@@ -72,7 +72,7 @@ def new_seed() -> bytes:
 
 
 def mask(key: bytes, size: int, dtype: np.dtype = RING_DTYPE) -> np.ndarray:
-    """``size`` uniform elements of the ring of ``dtype`` (uint32 or uint16) from ChaCha20's
+    """``size`` uniform elements of the ring of ``dtype`` (uint64, uint32 or uint16) from ChaCha20's
     keystream under ``key``."""
     dtype = np.dtype(dtype)
     stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()

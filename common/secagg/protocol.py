@@ -77,10 +77,10 @@ def sign(u: str, v: str) -> int:
 def masked_input(quantized: np.ndarray, self_seed: bytes, worker: str,
                  pair_keys: Mapping[str, bytes]) -> np.ndarray:
     """``y_u``: the quantized vector plus the self mask and the pairwise masks, in the ring
-    of its dtype (uint32: mod 2^32; uint16: mod 2^16)."""
+    of its dtype (uint64, uint32, uint16: mod 2^64, 2^32, 2^16)."""
     y = np.array(quantized, copy=True)
     if y.dtype not in RING_DTYPES.values():
-        raise ValueError(f"a quantized vector is uint32 or uint16, not {y.dtype}")
+        raise ValueError(f"a quantized vector is uint64, uint32 or uint16, not {y.dtype}")
     y += crypto.mask(self_seed, y.size, y.dtype)
     for v, key in pair_keys.items():
         m = crypto.mask(key, y.size, y.dtype)

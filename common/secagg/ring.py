@@ -1,5 +1,5 @@
-"""Updates as elements of the ring Z/2^b (b = 32, or 16 with compression), and sums of them
-back as floats.
+"""Updates as elements of the ring Z/2^b (b = 32, or 16 with compression; 64 for the
+synchronous steps' statistics), and sums of them back as floats.
 
 A worker sends ``r * clip(x - g, -c, c)`` for each coordinate (``x`` its new model, ``g`` the
 model of the round, ``r = n / n_max`` its weight, ``c`` the clipping range) and ``r`` itself,
@@ -17,6 +17,12 @@ keeps it small: 7.6e-5 for ``c`` = 0.5).
 A masked input is uniform on the ring, so no compressor can shrink it; what compression can
 do is shrink the ring. ``compression: float16`` or ``int8`` give b = 16 (half the bytes of
 b = 32); b = 8 would leave ``255 // n`` levels, too few for any model (:func:`ring_bits`).
+
+b = 64 serves sums that must stay exact to float64's precision (the neural topic models'
+synchronous steps: batch statistics and gradients, which Adam divides by their own size). Its
+levels stop at ``L = (2^53 - 1) // n``, so that every quantized value and every sum is an integer
+float64 holds exactly; the rounding of ``v + c`` in float64 adds at most ``c * 2^-52`` a value
+(:func:`error_bound` counts it for every width; it matters only at b = 64).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 #: The ring's modulus is 2^b: numpy's unsigned arithmetic of b bits wraps modulo it for free.
-RING_DTYPES = {32: np.dtype("<u4"), 16: np.dtype("<u2")}
+RING_DTYPES = {64: np.dtype("<u8"), 32: np.dtype("<u4"), 16: np.dtype("<u2")}
 RING_DTYPE = RING_DTYPES[32]
 #: The ring each ``compression.kind`` a secure round can compose with gives (top-k cannot:
 #: a masked input must hold every coordinate).
@@ -44,6 +50,8 @@ def levels(n_participants: int, bits: int = 32) -> int:
     """The number of quantization steps ``L`` for a round of ``n_participants`` on Z/2^bits."""
     if n_participants < 1:
         raise ValueError("a round has at least one participant")
+    if bits == 64:  # beyond 2^53 float64 no longer holds every integer (module docstring)
+        return (2**53 - 1) // n_participants
     return (2**bits - 1) // n_participants
 
 
@@ -88,8 +96,9 @@ def dequantize_sum(total: np.ndarray, count: int, clip: float, n_levels: int) ->
 
 
 def error_bound(count: int, clip: float, n_levels: int) -> float:
-    """The largest error of a dequantized sum of ``count`` values, per coordinate."""
-    return count * clip / n_levels
+    """The largest error of a dequantized sum of ``count`` values, per coordinate: half a
+    level each, and float64's rounding of ``v + clip`` (module docstring)."""
+    return count * (clip / n_levels + clip * 2.0**-52)
 
 
 def to_vector(arrays: dict[str, np.ndarray], base: dict[str, np.ndarray], weight: float,

@@ -76,6 +76,14 @@ class ServerFamily(ABC):
         coordinates and the weight (:func:`common.secagg.ring.to_vector`)."""
         return vector_size(self.global_.arrays)
 
+    def secure_ring(self, bits: int) -> tuple[int, float]:
+        """The ring's width and the clipping range of this round's secure inputs, given the
+        width ``bits`` the job's compression allows: by default that width and
+        ``secure_aggregation.clip`` (a change of the model)."""
+        sa = self.cfg.privacy.secure_aggregation
+        assert sa is not None
+        return bits, sa.clip
+
     def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
         """The round's aggregate input from the unmasked float sum of the workers' secure
         inputs (the client half's ``secure_vector``): by default the weighted average model,

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from common.config import ClusterConfig, ConfigError, build_params
+from common.models import ntm_secure
 from common.models.ntm import (
     CONTEXT_SIZE,
     NeuralTopicModel,
@@ -61,12 +62,6 @@ class ProdLDAServer(VocabularyServer):
     client_dp_refusal = None
     secure_aggregation_refusal = None
 
-    @classmethod
-    def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
-        if params.get("mode", "sync") == "sync":
-            return ("mode sync's steps exchange gradients and batch statistics several times "
-                    "a step; not built for secure rounds yet: use mode fedavg")
-        return None
     client_settings = frozenset({"proximal_mu"})
     contextual_size = 0
 
@@ -101,6 +96,30 @@ class ProdLDAServer(VocabularyServer):
         self.step_round_ = 1  # the round the step under way began in (its phase 0)
         #: The run's budget, in steps: a step redone after a dropout costs none of it.
         self.total_steps = cfg.rounds // per_step
+
+    # ------------------------------------------------------------------ secure rounds
+    def _secure_phase(self) -> int:
+        """The round's phase in :mod:`common.models.ntm_secure`'s terms."""
+        return self.phase_ if self.params.synced_batch_norm else ntm_secure.STEP
+
+    def secure_ring(self, bits: int) -> tuple[int, float]:
+        # A synchronous step's sums go in the 64-bit ring, clipped by phase (ntm_secure).
+        if self.params.mode != "sync":
+            return super().secure_ring(bits)
+        return ntm_secure.RING_BITS, ntm_secure.CLIPS[self._secure_phase()]
+
+    def secure_size(self) -> int:
+        if self.params.mode != "sync":
+            return super().secure_size()
+        assert self.model_ is not None
+        return ntm_secure.vector_size(self.model_, self._secure_phase(), self.params.batch_stats)
+
+    def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+        if self.params.mode != "sync":
+            return super().secure_result(total, n_max)
+        assert self.model_ is not None
+        return ntm_secure.read_sum(self.model_, self._secure_phase(), total,
+                                   self.params.batch_stats)
 
     def trained(self, version: int) -> dict[str, int]:
         return {"steps": self.steps_, "rounds": version}
@@ -186,7 +205,11 @@ class ProdLDAServer(VocabularyServer):
         if self.reducer_ is not None:
             return self._aggregate_phase(round_, results)
         before = self.global_.arrays
-        if self.params.mode == "sync":
+        if self.params.mode == "sync" and results and results[0].members:
+            # A secure sum: already the step's update (common/models/ntm_secure.py).
+            self.model_.apply_gradients(results[0].arrays)
+            arrays = self.model_.get_arrays()
+        elif self.params.mode == "sync":
             # model_ already holds the global weights (set up, stepped or restored here).
             self.model_.sync_step([r.arrays for r in results], [r.n_samples for r in results],
                                   self.params.batch_stats)
@@ -204,8 +227,12 @@ class ProdLDAServer(VocabularyServer):
     def _aggregate_phase(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """One phase of a synchronized-batch-norm step (see the module docstring)."""
         assert self.model_ is not None and self.reducer_ is not None
-        who = [r.worker_id for r in results]
-        abstained = [r.worker_id for r in results if ABSTAIN in r.arrays]
+        # A secure round gives one result, the sum of its members' uploads (an abstention
+        # among them shows as a count, not a name).
+        secure = bool(results) and bool(results[0].members)
+        who = list(results[0].members) if secure else [r.worker_id for r in results]
+        abstained = [("one of " + ", ".join(who)) if secure else r.worker_id
+                     for r in results if ABSTAIN in r.arrays]
         if self.phase_ > 0 and (abstained or who != self.step_workers_):
             gone = sorted(set(self.step_workers_) - set(who)) + abstained
             log.warning("step %d: %s dropped out in phase %d; redoing the step", self.steps_ + 1,
@@ -215,7 +242,7 @@ class ProdLDAServer(VocabularyServer):
             kept = [r for r in results if ABSTAIN not in r.arrays]
             if not kept:
                 return self._start_step(round_=round_ + 1)
-            self.step_workers_ = [r.worker_id for r in kept]
+            self.step_workers_ = who if secure else [r.worker_id for r in kept]
             self.step_sizes_ = [r.n_samples for r in kept]
             results = kept
         out = self.reducer_.reduce(self.phase_, [r.arrays for r in results], self.step_sizes_)

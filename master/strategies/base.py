@@ -29,6 +29,8 @@ class ClientResult:
     #: The strategy's own arrays of the upload (``strategy.*``, e.g. SCAFFOLD's control
     #: variate change), apart from the model's.
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: For a secure sum (``worker_id`` "secure-sum"): the workers whose inputs it holds.
+    members: tuple[str, ...] = ()
 
 
 class Strategy(ABC):

@@ -36,6 +36,7 @@ from common.eval.topics import (
     svm_scores,
     topic_diversity,
 )
+from common.models import ntm_secure
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
 from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
 from common.models.proximal import anchor_of
@@ -85,6 +86,7 @@ class ProdLDAClient(VocabularyClient):
         self.c_train: np.ndarray | None = None
         self.c_test: np.ndarray | None = None
         self.step_: SyncBNStep | None = None  # the synchronized step under way
+        self.phase_ = ntm_secure.STEP  # of the last round fitted (secure rounds' terms)
 
     def setup_vocabulary(self, vocabulary: list[str]) -> None:
         self.x_train = bow_matrix(self.train_texts, self.vocabulary_)
@@ -148,6 +150,7 @@ class ProdLDAClient(VocabularyClient):
         assert self.model is not None
         t0 = time.perf_counter()
         phase, step = int(meta.get("phase", 0)), int(meta.get("step", round_ - 1))
+        self.phase_ = phase
         if phase == 0:
             self.model.set_arrays(arrays)
             rows = next(self.batches)
@@ -161,6 +164,21 @@ class ProdLDAClient(VocabularyClient):
         if phase == 2:  # the loss is known once the decoder's statistics are
             metrics["train_loss"] = self.step_.loss_
         return FitResult(out, self.step_.n_local, metrics)
+
+    def secure_vector(self, arrays: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray],
+                      n_samples: int, n_max: int, clip: float) -> tuple[np.ndarray, float]:
+        """``mode: sync``: the round's upload as the terms whose sum the master needs
+        (:mod:`common.models.ntm_secure`); ``mode: fedavg``: the weighted change, as every
+        family sends it."""
+        if self.params.mode != "sync":
+            return super().secure_vector(arrays, model, n_samples, n_max, clip)
+        assert self.model is not None
+        phase = self.phase_ if self.params.synced_batch_norm else ntm_secure.STEP
+        n_union = self.step_.n_union if phase == 4 and self.step_ is not None else 0.0
+        vector = ntm_secure.worker_vector(self.model, phase, arrays, n_samples, model, n_union,
+                                          self.params.batch_stats)
+        clipped = int(np.count_nonzero(np.abs(vector) > clip))
+        return vector, clipped / vector.size
 
     def _scores(self, model: NeuralTopicModel, final: bool = True) -> dict[str, float]:
         assert self.vocabulary_ is not None
