@@ -16,8 +16,11 @@ From ``metrics.jsonl``: the ``round`` events' ``duration_s`` summed over each st
 between the round events closing the first and the next-to-last step gives the wall-clock rate.
 For scale, the same gradient computed in-process (no network) is timed too.
 
-Usage: ``python benchmarks/ntm_sync_steps.py [--steps 300] [--batch-norm both|sync|local]``.
-Writes ``benchmarks/results/ntm_sync_steps.{md,json}``.
+With ``--secure``, each configuration also runs under ``privacy.secure_aggregation`` (every
+round then the four exchanges of a secure round: :mod:`common.models.ntm_secure`).
+
+Usage: ``python benchmarks/ntm_sync_steps.py [--steps 300] [--batch-norm both|sync|local]
+[--secure] [--repeats 3]``. Writes ``benchmarks/results/ntm_sync_steps.{md,json,png}``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
+from fedctl.bench.report import command_line, current_commit, median_range  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -63,7 +68,7 @@ def in_process_gradient_ms(vocab: int, topics: int, repeats: int = 50) -> float:
     return 1000 * float(np.median(times))
 
 
-def run_cluster(args: argparse.Namespace, sync_bn: bool) -> dict:
+def run_cluster(args: argparse.Namespace, sync_bn: bool, secure: bool = False) -> dict:
     """One ``fedctl run`` of ``args.steps`` synchronous steps; per-step figures."""
     per_step = 5 if sync_bn else 1
     out = Path(tempfile.mkdtemp(prefix="ntm_steps_"))
@@ -80,6 +85,8 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool) -> dict:
            "data": {"path": str(ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"),
                     "limit": args.limit, "partition": "iid"},
            "output_dir": str(out / "out"), "baselines": False, "seed": 0}
+    if secure:
+        raw["privacy"] = {"secure_aggregation": {}}
     cfg = out / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     t0 = time.perf_counter()
@@ -118,6 +125,46 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool) -> dict:
     }
 
 
+def _configs(args: argparse.Namespace) -> list[tuple[bool, bool]]:
+    """(synchronized batch norm, secure aggregation) of each configuration run."""
+    modes = {"both": (False, True), "sync": (True,), "local": (False,)}[args.batch_norm]
+    return [(bn, sec) for bn in modes for sec in ((False, True) if args.secure else (False,))]
+
+
+def _label(r: dict) -> str:
+    bn = "union batch norm" if r["sync_batch_norm"] else "per-node batch norm"
+    return bn + (", secure" if r["secure"] else "")
+
+
+def plot(res: dict, path: Path) -> None:
+    """Steps per second of each configuration: median bar, one dot per run, the goal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[float]] = {}
+    for r in res["runs"]:
+        groups.setdefault(_label(r), []).append(r["steps_per_s_wall"])
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, (label, xs) in enumerate(groups.items()):
+        ax.bar(i, float(np.median(xs)), color="#4c72b0" if "secure" not in label else "#dd8452")
+        ax.plot([i] * len(xs), xs, "k.", ms=6)
+        ax.text(i, float(np.median(xs)) + 2, f"{np.median(xs):.0f}", ha="center")
+    ax.axhline(100, color="0.4", ls="--", lw=1)
+    ax.text(len(groups) - 0.5, 101, "goal (union batch norm)", ha="right", va="bottom",
+            fontsize=8, color="0.3")
+    ax.set_xticks(range(len(groups)), [g.replace(", ", ",\n") for g in groups], fontsize=8)
+    ax.set_ylabel("synchronous steps / s (wall clock)")
+    r0 = res["runs"][0]
+    ax.set_title(f"ProdLDA sync, V = {r0['vocab']}, K = {r0['topics']}, {r0['workers']} workers "
+                 f"({res['repeats']} runs each)", fontsize=9)
+    ax.set_ylim(0, max(110, max(max(x) for x in groups.values()) * 1.15))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
@@ -132,48 +179,65 @@ def main() -> None:
     ap.add_argument("--batch-norm", choices=("both", "sync", "local"), default="both",
                     help="batch norm over the union of the workers' batches, over each "
                          "worker's own, or both runs")
+    ap.add_argument("--secure", action="store_true",
+                    help="also each configuration under privacy.secure_aggregation")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each configuration, taken in turns")
     args = ap.parse_args()
-    modes = {"both": (False, True), "sync": (True,), "local": (False,)}[args.batch_norm]
-    runs = [run_cluster(args, sync_bn) for sync_bn in modes]
+    load_before = os.getloadavg()[0]
+    runs = []
+    for _ in range(args.repeats):  # in turns, so that a slow spell of the machine hits all
+        for sync_bn, secure in _configs(args):
+            runs.append({**run_cluster(args, sync_bn, secure), "secure": secure})
     grad_ms = in_process_gradient_ms(runs[0]["vocab"], args.topics)
     load = os.getloadavg()[0]
     res = {"runs": runs, "in_process_gradient_ms": grad_ms, "cpu_count": os.cpu_count(),
-           "load_average_at_end": load}
+           "load_average_before": load_before, "load_average_at_end": load,
+           "repeats": args.repeats, "command": command_line(ROOT),
+           "commit": current_commit(ROOT)}
     r0 = runs[0]
-    names = {False: "each worker's own batch", True: "union of the batches"}
-    rows = [("batch norm over", lambda r: names[r["sync_batch_norm"]]),
-            ("rounds per step", lambda r: str(r["rounds_per_step"])),
-            ("steps/s (from round durations)", lambda r: f"{r['steps_per_s_from_durations']:.1f}"),
-            ("steps/s (wall clock)", lambda r: f"{r['steps_per_s_wall']:.1f}"),
-            ("median step", lambda r: f"{r['median_step_ms']:.1f} ms "
-                                      f"(p90 {r['p90_step_ms']:.1f} ms)"),
-            ("of which workers' computing (slowest per round)",
-             lambda r: f"{r['median_slowest_train_ms']:.1f} ms"),
-            ("of which master's merging + Adam step",
-             lambda r: f"{r['median_aggregate_ms']:.1f} ms"),
-            ("communication and scheduling", lambda r: f"{r['median_comm_overhead_ms']:.1f} ms"),
-            ("bytes per step (broadcasts + uploads)",
-             lambda r: f"{r['bytes_per_step'] / 1e6:.2f} MB")]
+    configs = {}
+    for r in runs:
+        configs.setdefault(_label(r), []).append(r)
+
+    def cell(key: str, scale: float = 1.0, digits: int = 1) -> Callable[[list[dict]], str]:
+        return lambda rs: median_range([scale * r[key] for r in rs], digits)
+
+    rows = [("rounds per step", lambda rs: str(rs[0]["rounds_per_step"])),
+            ("steps/s (wall clock)", cell("steps_per_s_wall")),
+            ("steps/s (from round durations)", cell("steps_per_s_from_durations")),
+            ("median step, ms", cell("median_step_ms")),
+            ("of which workers' computing (slowest per round), ms",
+             cell("median_slowest_train_ms")),
+            ("of which master's merging + Adam step, ms", cell("median_aggregate_ms")),
+            ("communication and scheduling, ms", cell("median_comm_overhead_ms")),
+            ("bytes per step (broadcasts + uploads), MB", cell("bytes_per_step", 1e-6, 2))]
     lines = [
         "# Synchronous gFedNTM steps on loopback",
         "",
+        f"`{res['command']}` (commit {res['commit']})",
+        "",
         f"ProdLDA, `mode: sync`, {r0['workers']} worker processes + 1 master on "
-        f"{res['cpu_count']} CPU cores (load average {load:.1f} at the end), "
-        f"plaintext ZeroMQ over 127.0.0.1, V = {r0['vocab']}, K = {r0['topics']} "
+        f"{res['cpu_count']} CPU cores (load average {load_before:.1f} before, {load:.1f} "
+        f"after), plaintext ZeroMQ over 127.0.0.1, V = {r0['vocab']}, K = {r0['topics']} "
         f"({r0['parameters']:,} numbers in the model), batch 64 per worker, "
         f"{args.steps} steps, checkpoint every {args.checkpoint_every} steps, "
-        f"update compression {args.compression}. One gradient in-process (no network): "
+        f"update compression {args.compression}; each configuration {args.repeats} times, "
+        f"in turns: median (min–max) over the runs. One gradient in-process (no network): "
         f"{grad_ms:.1f} ms.",
         "",
-        "| metric | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
-        "|---|" + "---|" * len(runs)]
-    lines += [f"| {name} | " + " | ".join(f(r) for r in runs) + " |" for name, f in rows]
+        "| metric | " + " | ".join(configs) + " |",
+        "|---|" + "---|" * len(configs)]
+    lines += [f"| {name} | " + " | ".join(f(rs) for rs in configs.values()) + " |"
+              for name, f in rows]
     lines += ["", "gFedNTM's reference implementation sleeps 3 s after each client at every "
-              "mini-batch: ≥ 9 s per step with 3 clients."]
+              "mini-batch: ≥ 9 s per step with 3 clients.", "",
+              "![steps per second](ntm_sync_steps.png)"]
     md = "\n".join(lines)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "ntm_sync_steps.md").write_text(md + "\n")
     (RESULTS / "ntm_sync_steps.json").write_text(json.dumps(res, indent=2))
+    plot(res, RESULTS / "ntm_sync_steps.png")
     print(md)
 
 

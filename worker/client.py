@@ -386,7 +386,7 @@ class Worker:
             metrics["update_norm"] = norm
         # Compressed first: error feedback's residual is state the snapshot must hold.
         arrays = self.compressor.compress(arrays, model)
-        if self.snapshots is not None:
+        if self.snapshots is not None and self.family.snapshot_due(meta):
             # Before the update leaves: a worker killed after sending has its state on disk.
             t0 = time.perf_counter()
             self.snapshots.save(rnd, self._state())

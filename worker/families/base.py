@@ -99,6 +99,13 @@ class ClientFamily(ABC):
         nothing had happened. Empty (the default) for a family that keeps nothing."""
         return {}
 
+    def snapshot_due(self, meta: Mapping[str, Any]) -> bool:
+        """Whether the state after the round of ``meta`` goes to disk before its update
+        leaves (:mod:`worker.snapshots`): by default after every round. A family whose
+        state after some rounds is never gone back to (the middle of a step of several
+        rounds, which is redone from its start) skips those."""
+        return True
+
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`local_state` returned (after :meth:`setup`)."""
 
