@@ -14,12 +14,14 @@ One function per family; a plug-in family supplies its own by overriding
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from common.data.shards import LocalData, local_data, sentence_features, simulated, worker_seed
 from common.data.text import bow_matrix
+from common.eval.topics import neural_topic_scores
 from common.models.fstc import CENTERS, score_clustering
 from common.models.nmf import heldout_scores
 from common.models.numerics import flush_denormals
@@ -27,6 +29,7 @@ from master.families.base import ServerFamily
 from master.families.fstc import FSTCServer
 from master.families.mlp import MLPServer
 from master.families.nmf import NMFServer
+from master.families.ntm import ProdLDAServer
 
 Baselines = dict[str, Any]
 
@@ -147,5 +150,49 @@ def fstc_baselines(family: FSTCServer) -> Baselines | None:
             "pooled": pooled}
 
 
+def ntm_baselines(family: ProdLDAServer) -> Baselines | None:
+    """ProdLDA / CombinedTM trained on all the workers' training documents pooled, with the
+    federation's budget: in ``mode: sync`` as many Adam steps as it took, each on a batch the
+    size of its union batch; in ``mode: fedavg``, ``rounds x local_epochs`` epochs. Scored as
+    the workers score the federated model (:func:`common.eval.topics.neural_topic_scores`,
+    each worker's own documents the coherence reference). The local-only models are the
+    workers' own (the per-worker table); training them again here would double the run."""
+    if not simulated(family.cfg) or not family.setup_info_:
+        return None
+    cfg, p = family.cfg, family.params
+    vocab = family.setup_info_["vocabulary"]
+    shards, train, test = _shards(cfg)
+    first = next(iter(shards.values()))
+    texts = first.dataset.texts
+    X = bow_matrix(texts, vocab)
+    y = np.asarray(first.y) if first.labelled else None
+    ctx = (sentence_features(cfg, first.dataset) if family.contextual_size else None)
+
+    def rows(a: np.ndarray | None, r: np.ndarray) -> np.ndarray | None:
+        return None if a is None else a[r]
+
+    if p.mode == "sync":
+        union = replace(p, batch_size=p.batch_size * len(shards))
+        central = union.model(family.contextual_size, cfg.seed).initialize(len(vocab))
+        central.fit(X[train], rows(ctx, train), steps=family.steps_, doc_ids=train)
+    else:
+        central = p.model(family.contextual_size, cfg.seed).initialize(len(vocab))
+        central.fit(X[train], rows(ctx, train), epochs=cfg.rounds * p.local_epochs,
+                    doc_ids=train)
+    federated = p.model(family.contextual_size, cfg.seed).initialize(len(vocab))
+    federated.set_arrays(family.global_.arrays)
+
+    def scores(model: Any, tr: np.ndarray, te: np.ndarray) -> dict[str, float]:
+        return neural_topic_scores(model, vocab, X[tr], rows(ctx, tr), rows(y, tr), X[te],
+                                   rows(ctx, te), rows(y, te), cfg.seed,
+                                   [texts[i] for i in np.concatenate([tr, te])])
+
+    return {"centralized": {name: scores(central, s.train_index, s.test_index)
+                            for name, s in shards.items()},
+            "pooled": {"federated": scores(federated, train, test),
+                       "centralized": scores(central, train, test)}}
+
+
 _BASELINES: dict[type, Callable[[Any], Baselines | None]] = {
-    MLPServer: mlp_baselines, NMFServer: nmf_baselines, FSTCServer: fstc_baselines}
+    MLPServer: mlp_baselines, NMFServer: nmf_baselines, FSTCServer: fstc_baselines,
+    ProdLDAServer: ntm_baselines}

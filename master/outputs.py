@@ -76,6 +76,9 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     if baselines:
         log.info("training the centralized baseline on the pooled data")
         sim = simulation_baselines(family)
+        if sim is None:
+            log.info("%s has no centralized baseline here (a real deployment, or a family "
+                     "without one): the table's centralized columns are n/a", family.name)
     sim = sim or {}
     rows = comparison_rows(reports, sim.get("centralized"))
     table = format_table(rows, sim.get("pooled"))

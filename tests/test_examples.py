@@ -42,6 +42,10 @@ SMALL: dict[str, list[str]] = {
 }
 
 
+#: Families with no centralized baseline in a simulation (iFTM's merge has no pooled twin).
+NO_CENTRALIZED = ("lda", "sentencelda")
+
+
 def _family(example: Path) -> str:
     import yaml
 
@@ -93,6 +97,10 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
     assert (out / "curves.png").stat().st_size > 10_000
     model_json = json.loads((out / "model.json").read_text())
     assert model_json["family"] == family and model_json["fedctl_version"]
+    if family not in NO_CENTRALIZED:  # baselines on: the centralized column is filled
+        assert all(any(v is not None for k, v in row.items() if k.startswith("centralized_"))
+                   for row in summary["comparison"]), summary["comparison"]
+        assert summary["pooled"]["centralized"]
 
     from common.config import load_config
     from common.data.shards import local_data

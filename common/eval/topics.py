@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -24,9 +25,12 @@ from sklearn.svm import LinearSVC
 from common.data.text import make_vectorizer
 from common.eval.classification import classification_metrics
 
+if TYPE_CHECKING:
+    from common.models.ntm import NeuralTopicModel
+
 __all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "reference_tokens",
            "gensim_coherence", "topic_diversity", "rbo", "inverted_rbo", "embedding_coherence",
-           "svm_scores"]
+           "svm_scores", "neural_topic_scores"]
 
 #: The measures :func:`gensim_coherence` computes by default.
 GENSIM_MEASURES = ("c_npmi", "c_v")
@@ -289,3 +293,27 @@ def svm_scores(train_features: np.ndarray, y_train: np.ndarray, test_features: n
         return {}
     svm = LinearSVC(random_state=random_state).fit(train_features, y_train)
     return classification_metrics(np.asarray(y_test), svm.predict(test_features))
+
+
+def neural_topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.csr_matrix,
+                 c_train: np.ndarray | None, y_train: np.ndarray, x_test: sp.csr_matrix,
+                 c_test: np.ndarray | None, y_test: np.ndarray, seed: int,
+                 reference_texts: Sequence[str] | None = None) -> dict[str, float]:
+    """A neural topic model's scores on a worker's split (or any split): held-out
+    perplexity; coherence with the split's own documents as reference (those of
+    ``x_train`` and ``x_test``, ``reference_texts`` in the same order): document co-occurrence
+    NPMI (``npmi_doc``) and gensim's sliding-window ``c_npmi`` and ``c_v`` (skipped without
+    ``reference_texts``: seconds, so for the closing report only); topic diversity,
+    inverted RBO, and a linear SVM on the topic proportions (macro-F1, accuracy)."""
+    topics = model.get_topics(10, vocab)
+    out: dict[str, float] = {}
+    if x_test.shape[0]:
+        out["perplexity"] = model.perplexity(x_test, c_test)
+    out["npmi_doc"] = npmi_coherence(topics, sp.vstack([x_train, x_test]), vocab)
+    if reference_texts is not None:
+        out.update(gensim_coherence(topics, reference_tokens(reference_texts, vocab)))
+    out["topic_diversity"] = topic_diversity(topics)
+    out["inverted_rbo"] = inverted_rbo(topics)
+    out.update(svm_scores(model.transform(x_train, c_train), y_train,
+                          model.transform(x_test, c_test), y_test, seed))
+    return {k: float(v) for k, v in out.items() if np.isfinite(v)}

@@ -19,52 +19,21 @@ whose state persists across rounds; the weights travel.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from common.config import ClusterConfig, build_params
 from common.data.shards import LocalData, sentence_features
 from common.data.text import bow_matrix
-from common.eval.topics import (
-    gensim_coherence,
-    inverted_rbo,
-    npmi_coherence,
-    reference_tokens,
-    svm_scores,
-    topic_diversity,
-)
+from common.eval.topics import neural_topic_scores
 from common.models import ntm_secure
 from common.models.ntm import CONTEXT_SIZE, NeuralTopicModel, NTMParams, batch_schedule
 from common.models.ntm_sync_bn import ABSTAIN, N_PHASES, SyncBNStep
 from common.models.proximal import anchor_of
 from worker.families.base import FitResult
 from worker.families.vocabulary import VocabularyClient
-
-
-def topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.csr_matrix,
-                 c_train: np.ndarray | None, y_train: np.ndarray, x_test: sp.csr_matrix,
-                 c_test: np.ndarray | None, y_test: np.ndarray, seed: int,
-                 reference_texts: Sequence[str] | None = None) -> dict[str, float]:
-    """Held-out perplexity; coherence with the worker's own documents as reference (those of
-    ``x_train`` and ``x_test``, ``reference_texts`` in the same order): document co-occurrence
-    NPMI (``npmi_doc``) and gensim's sliding-window ``c_npmi`` and ``c_v`` (skipped without
-    ``reference_texts``: seconds, so for the closing report only); topic diversity,
-    inverted RBO, and a linear SVM on the topic proportions (macro-F1, accuracy)."""
-    topics = model.get_topics(10, vocab)
-    out: dict[str, float] = {}
-    if x_test.shape[0]:
-        out["perplexity"] = model.perplexity(x_test, c_test)
-    out["npmi_doc"] = npmi_coherence(topics, sp.vstack([x_train, x_test]), vocab)
-    if reference_texts is not None:
-        out.update(gensim_coherence(topics, reference_tokens(reference_texts, vocab)))
-    out["topic_diversity"] = topic_diversity(topics)
-    out["inverted_rbo"] = inverted_rbo(topics)
-    out.update(svm_scores(model.transform(x_train, c_train), y_train,
-                          model.transform(x_test, c_test), y_test, seed))
-    return {k: float(v) for k, v in out.items() if np.isfinite(v)}
 
 
 class ProdLDAClient(VocabularyClient):
@@ -189,9 +158,10 @@ class ProdLDAClient(VocabularyClient):
 
     def _scores(self, model: NeuralTopicModel, final: bool = True) -> dict[str, float]:
         assert self.vocabulary_ is not None
-        return topic_scores(model, self.vocabulary_, self.x_train, self.c_train, self.y_train,
-                            self.x_test, self.c_test, self.y_test, self.seed,
-                            [*self.train_texts, *self.test_texts] if final else None)
+        return neural_topic_scores(model, self.vocabulary_, self.x_train, self.c_train,
+                                   self.y_train, self.x_test, self.c_test, self.y_test,
+                                   self.seed,
+                                   [*self.train_texts, *self.test_texts] if final else None)
 
     def evaluate(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                  ) -> dict[str, float]:
