@@ -4,13 +4,15 @@
 model (mlp, hidden 256: 99 k parameters) on all of ``data/dbpedia_10k`` split iid among N
 workers (N = 1 … 1,000; about 8 training documents each at N = 1,000), 3 rounds, evaluation
 off, security none (loopback), baselines off. The master is a process; the workers are
-processes below 30 and threads of this process from 30 (one torch thread each: 1,000
-processes of a few hundred MB would not fit). Master CPU (cores) and memory (VmRSS max, VmHWM)
+processes below 30 and from 30 threads of a few processes of at most
+``--threads-per-process`` each (:mod:`fedctl.bench.worker_pool`, one torch thread a process:
+1,000 processes of a few hundred MB would not fit, and 1,000 threads of one process starve
+each other of the interpreter lock). Master CPU (cores) and memory (VmRSS max, VmHWM)
 from /proc over the rounds. The goal: 1,000 workers complete 3 rounds with the master's peak
 resident memory at most 2 GiB.
 
 Usage: ``python benchmarks/scaling_1000.py [--n 1,3,10,30,100,300,1000] [--rounds 3]
-[--replot]``. Writes ``benchmarks/results/scaling_1000.{md,json,png}``.
+[--threads-per-process 125] [--replot]``. Writes ``benchmarks/results/scaling_1000.{md,json,png}``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
            label="overhead (round − slowest training)")
     a.set_xscale("log")
     a.set_yscale("log")
-    a.set_xlabel("workers (processes below 30, threads from 30)")
+    a.set_xlabel("workers (processes below 30, then threads of a few processes)")
     a.set_ylabel("ms")
     a.set_title("Round time against the number of workers")
     a.legend(frameon=False, fontsize=8)
@@ -113,6 +115,8 @@ def main() -> None:
     ap.add_argument("--n", default="1,3,10,30,100,300,1000",
                     help="comma-separated numbers of workers")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads-per-process", type=int, default=125,
+                    help="worker threads a process at most (0: all in this process)")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--replot", action="store_true",
@@ -129,7 +133,7 @@ def main() -> None:
         report(saved, args.results)
         return
     plan = Plan(scaling_n=[int(n) for n in args.n.split(",")], scaling_rounds=args.rounds,
-                scaling_limit=10_000)
+                scaling_limit=10_000, scaling_threads_per_process=args.threads_per_process)
     work = args.work or Path(tempfile.mkdtemp(prefix="scaling-"))
     load = os.getloadavg()
     t0 = time.monotonic()

@@ -53,3 +53,4 @@ def test_bench_quick_writes_report(tmp_path: Path) -> None:
     for heading in ("## Goals", "## Centralized against federated", "## Round anatomy",
                     "## Scaling with workers", "## Update compression"):
         assert heading in md
+

@@ -7,9 +7,10 @@ from __future__ import annotations
 import copy
 import json
 import os
-import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -20,7 +21,8 @@ import numpy as np
 
 from common.config import ClusterConfig, load_config
 from common.net.transport import free_ports
-from fedctl.launch import LocalCluster
+from fedctl.bench.worker_pool import start_thread_workers
+from fedctl.launch import LocalCluster, child_env
 
 FAILURE_TAIL_LINES = 10  # log lines of a failed process quoted in the error
 
@@ -163,7 +165,7 @@ def profile_top(path: Path, n: int = 15) -> list[dict[str, Any]]:
 
 
 def run_cluster(cfg: ClusterConfig, threads_mode: bool = False, timeout: float = 900.0,
-                profile: bool = False) -> dict[str, Any]:
+                profile: bool = False, pools: int = 0) -> dict[str, Any]:
     """Run one job as ``fedctl run`` does and measure it.
 
     Parameters
@@ -177,6 +179,9 @@ def run_cluster(cfg: ClusterConfig, threads_mode: bool = False, timeout: float =
     profile : bool, default False
         Run the master under cProfile (its main thread): ``master_profile`` in the result
         lists the functions with the most own time.
+    pools : int, default 0
+        With ``threads_mode``: the workers' threads in this many processes
+        (:mod:`fedctl.bench.worker_pool`) rather than in this one (0).
 
     Returns
     -------
@@ -202,7 +207,9 @@ def run_cluster(cfg: ClusterConfig, threads_mode: bool = False, timeout: float =
     errors: list[str] = []
     workers: list[threading.Thread] = []
     try:
-        if threads_mode:
+        if threads_mode and pools:
+            _start_worker_pools(cluster, pools)
+        elif threads_mode:
             workers = _start_thread_workers(cluster, errors)
         else:
             cluster.start_workers()
@@ -218,7 +225,10 @@ def run_cluster(cfg: ClusterConfig, threads_mode: bool = False, timeout: float =
     finally:
         sampler.stop()
         cluster.stop()
-    res = _summarize(out, launched, sampler, "threads" if threads_mode else "processes")
+    mode = "processes"
+    if threads_mode:
+        mode = f"threads of {pools} processes" if pools else "threads"
+    res = _summarize(out, launched, sampler, mode)
     if cluster.profile is not None and cluster.profile.exists():
         res["master_profile"] = profile_top(cluster.profile)
     return res
@@ -228,34 +238,25 @@ def _start_thread_workers(cluster: LocalCluster, errors: list[str]) -> list[thre
     """Every worker of ``cluster`` as a daemon thread of this process, one torch thread each:
     N processes of a few hundred MB each would not fit where N reaches 100 (as in
     ``tests/test_load.py``). A worker's exception is appended to ``errors``."""
-    import torch
-    import zmq
-
-    from worker.client import Worker
-
-    torch.set_num_threads(1)
     wcfg = load_config(cluster.config_path)  # what the worker processes would have read
-    # Three sockets a worker (SUB, REQ, the heartbeat's REQ), each a descriptor or two: past
-    # ZeroMQ's default of 1,023 sockets a context, and the usual 1,024 descriptors, at N ~ 300.
-    # A context of this run's own: the limit holds only if set before its first socket.
-    ctx = zmq.Context()
-    ctx.set(zmq.MAX_SOCKETS, 4 * len(cluster.cfg.workers) + 64)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 8 * len(cluster.cfg.workers) + 256
-    if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    return start_thread_workers(wcfg, [w.name for w in cluster.cfg.workers], errors)
 
-    def work(wid: str) -> None:
-        try:
-            Worker(wcfg, wid, ctx=ctx).run()
-        except Exception as exc:  # noqa: BLE001 - reported by run_cluster
-            errors.append(f"{wid}: {type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=work, args=(w.name,), daemon=True)
-               for w in cluster.cfg.workers]
-    for t in threads:
-        t.start()
-    return threads
+def _start_worker_pools(cluster: LocalCluster, pools: int) -> None:
+    """The workers of ``cluster`` as threads of ``pools`` processes
+    (:mod:`fedctl.bench.worker_pool`), in ``cluster.procs`` as ``pool1`` ... with their logs."""
+    ids = [w.name for w in cluster.cfg.workers]
+    for i in range(pools):
+        share = ids[i::pools]
+        if not share:
+            break
+        name = f"pool{i + 1}"
+        with open(cluster.logs / f"{name}.log", "wb") as fh:
+            cluster.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "fedctl.bench.worker_pool", "--config",
+                 str(cluster.config_path), "--ids", ",".join(share)],
+                stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads=1),
+                start_new_session=True)
 
 
 def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> dict[str, Any]:

@@ -31,7 +31,10 @@ class Plan:
     scaling_limit : int
         ``data.limit`` of the scaling runs (split iid among the N workers).
     scaling_threads_from : int
-        N from which workers run as threads of this process.
+        N from which workers run as threads.
+    scaling_threads_per_process : int
+        Threads a process at most (:mod:`fedctl.bench.worker_pool`); 0: all of them threads
+        of this process.
     profile : bool
         Profile the master of each anatomy run (cProfile).
     compression : list of dict
@@ -48,6 +51,7 @@ class Plan:
     scaling_rounds: int = 5
     scaling_limit: int = 2000
     scaling_threads_from: int = THREAD_WORKERS_FROM
+    scaling_threads_per_process: int = 0
     profile: bool = False
     compression: list[dict[str, Any]] = field(default_factory=lambda: [
         {"kind": "float16"}, {"kind": "int8"}, {"kind": "topk", "fraction": 0.01},

@@ -18,15 +18,19 @@ def section_scaling(base: ClusterConfig, plan: Plan, work: Path, log: Callable[[
     out = {}
     for n in plan.scaling_n:
         threads_mode = n >= plan.scaling_threads_from
+        per = plan.scaling_threads_per_process
+        pools = -(-n // per) if threads_mode and per else 0
         cfg = bench_config(base, work / f"scaling_{n}", n_workers=n, rounds=plan.scaling_rounds,
                            eval_every=0, baselines=False, heartbeat_timeout=60.0,
                            # threads start one after another: ~0.3 s a worker at N = 1,000
                            join_timeout=max(base.join_timeout, 0.6 * n),
                            **{"data.partition": "iid", "data.limit": plan.scaling_limit,
                               "security.mode": "none"})
-        log(f"scaling: {n} worker(s) as {'threads' if threads_mode else 'processes'}, "
-            f"{plan.scaling_rounds} rounds")
-        run = run_cluster(cfg, threads_mode=threads_mode)
+        how = "processes"
+        if threads_mode:
+            how = f"threads of {pools} processes" if pools else "threads"
+        log(f"scaling: {n} worker(s) as {how}, {plan.scaling_rounds} rounds")
+        run = run_cluster(cfg, threads_mode=threads_mode, pools=pools)
         rs = run["rounds"]
         bcast = [max((w.get("broadcast_s") or 0.0) for w in run["worker_rounds"]
                      if w["round"] == r["round"]) for r in rs]
