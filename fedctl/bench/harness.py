@@ -227,7 +227,8 @@ def run_cluster(cfg: ClusterConfig, threads_mode: bool = False, timeout: float =
         cluster.stop()
     mode = "processes"
     if threads_mode:
-        mode = f"threads of {pools} processes" if pools else "threads"
+        mode = (f"threads of {pools} process{'es' if pools > 1 else ''}" if pools
+                   else "threads")
     res = _summarize(out, launched, sampler, mode)
     if cluster.profile is not None and cluster.profile.exists():
         res["master_profile"] = profile_top(cluster.profile)

@@ -28,7 +28,8 @@ def section_scaling(base: ClusterConfig, plan: Plan, work: Path, log: Callable[[
                               "security.mode": "none"})
         how = "processes"
         if threads_mode:
-            how = f"threads of {pools} processes" if pools else "threads"
+            how = (f"threads of {pools} process{'es' if pools > 1 else ''}" if pools
+                   else "threads")
         log(f"scaling: {n} worker(s) as {how}, {plan.scaling_rounds} rounds")
         run = run_cluster(cfg, threads_mode=threads_mode, pools=pools)
         rs = run["rounds"]
