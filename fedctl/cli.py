@@ -338,10 +338,13 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         said = [f"{' and '.join(said)}, ε at δ {privacy.delta:g}{target}"]
     sa = privacy.secure_aggregation
     if sa is not None:
+        # The family says how (with --no-family, nothing of it is imported).
+        clip_text = (server_family_class(cfg).secure_clip_text(cfg.family_params, sa.clip)
+                     if family else f"clip {sa.clip:g}")
         said.append(f"secure aggregation (the master sees only each round's sum; threshold "
                     f"{sa.threshold if sa.threshold is not None else 'a majority'}, "
                     f"{'every pair' if sa.neighbours is None else f'{sa.neighbours} neighbours'}"
-                    f", clip {sa.clip:g})")
+                    f", {clip_text})")
     if said:
         summary["privacy"] = describe(privacy)
         said_line = f" Privacy: {'; '.join(said)}."

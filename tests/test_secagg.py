@@ -362,6 +362,21 @@ def test_what_cannot_be_summed_securely_is_refused_in_one_line(tmp_path: Path, c
     assert "privacy.secure_aggregation" in msg and words in msg and "\n" not in msg
 
 
+def test_check_says_how_the_synchronous_steps_are_clipped(tmp_path: Path) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+
+    raw = config_dict(tmp_path / "out", tmp_path, 3, 10, privacy={"secure_aggregation": {}},
+                      model={"family": "prodlda", "mode": "sync", "vocab_size": 300})
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["check", "--config", str(path), "--no-ports"])
+    assert result.exit_code == 0, result.output
+    assert "64-bit ring, clipped by phase" in result.output and "clip 8" not in result.output
+
+
 def test_secure_aggregation_settings_are_checked(tmp_path: Path) -> None:
     for bad in ({"neighbours": 3}, {"threshold": 1}, {"clip": 0}, {"colour": 1}):
         raw = config_dict(tmp_path / "out", tmp_path, 3, 2,

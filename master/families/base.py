@@ -71,6 +71,11 @@ class ServerFamily(ABC):
         """:attr:`secure_aggregation_refusal` for these model settings."""
         return cls.secure_aggregation_refusal
 
+    @classmethod
+    def secure_clip_text(cls, params: Mapping[str, Any], clip: float) -> str:
+        """How this family's secure inputs are clipped, for ``fedctl check``'s summary."""
+        return f"clip {clip:g}"
+
     def secure_size(self) -> int:
         """Length of each worker's secure input this round: by default the model's
         coordinates and the weight (:func:`common.secagg.ring.to_vector`)."""

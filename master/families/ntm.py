@@ -98,6 +98,13 @@ class ProdLDAServer(VocabularyServer):
         self.total_steps = cfg.rounds // per_step
 
     # ------------------------------------------------------------------ secure rounds
+    @classmethod
+    def secure_clip_text(cls, params: Mapping[str, Any], clip: float) -> str:
+        if params.get("mode", "sync") != "sync":
+            return super().secure_clip_text(params, clip)
+        return ("the synchronous steps' sums in a 64-bit ring, clipped by phase "
+                "(common/models/ntm_secure.py)")
+
     def _secure_phase(self) -> int:
         """The round's phase in :mod:`common.models.ntm_secure`'s terms."""
         return self.phase_ if self.params.synced_batch_norm else ntm_secure.STEP
