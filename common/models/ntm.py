@@ -389,17 +389,22 @@ class NeuralTopicModel:
         """Batch-norm running statistics that travel with the weights."""
         return [n for n, _ in self.net_.named_buffers() if not n.endswith("num_batches_tracked")]
 
-    def local_state(self) -> dict[str, Any]:
+    def local_state(self, weights: bool = True) -> dict[str, Any]:
         """What a worker's copy carries from one round to the next, as a state tree
         (:mod:`common.state`): the network (weights, running statistics and their counters),
-        the optimizer's moments, the noise generator and the step count."""
-        return {"net": self.net_.state_dict(), "optimizer": self.optimizer_.state_dict(),
-                "noise": generator_state(self.noise_), "steps": self.steps_}
+        the optimizer's moments, the noise generator and the step count; without
+        ``weights``, the last two only (for a copy that takes its weights from every round,
+        as a synchronous step's worker does)."""
+        state = {"noise": generator_state(self.noise_), "steps": self.steps_}
+        if weights:
+            state.update(net=self.net_.state_dict(), optimizer=self.optimizer_.state_dict())
+        return state
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`local_state` returned (into an initialized model)."""
-        self.net_.load_state_dict(state["net"])
-        self.optimizer_.load_state_dict(state["optimizer"])
+        if "net" in state:
+            self.net_.load_state_dict(state["net"])
+            self.optimizer_.load_state_dict(state["optimizer"])
         set_generator_state(self.noise_, state["noise"])
         self.steps_ = int(state["steps"])
 
