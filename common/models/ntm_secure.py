@@ -23,8 +23,9 @@ zeros and 1; the master then redoes the step, as it does in plain rounds).
 These sums feed Adam, which divides a gradient by its own size, and batch norm, which divides
 by a standard deviation: a 32-bit ring's error (1e-9 of the clip) would move the model where
 the plain run does not. They travel in the 64-bit ring (:data:`RING_BITS`), whose error is
-float64's: at most ``2^-51`` of the clipping range a worker (:data:`CLIPS`, per phase, wide
-enough for this family's values; a value beyond it is clipped and the worker warns).
+float64's: at most ``(n + 2) 2^-53`` of the clipping range a worker for n workers
+(:data:`CLIPS`, per phase, wide enough for this family's values; a value beyond it is clipped
+and the worker warns).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ RING_BITS = 64
 STEP = -1
 #: Each phase's clipping range: row sums of activations and of their squares (phases 0 and 1)
 #: reach thousands; the backward sums and gradients stay far below 2^12 for these models.
-#: The sum's error is at most ``n_workers * clip * 2^-51`` (2e-12 at phase 4 with 3 workers).
+#: The sum's error is at most ``n * clip * (n + 2) * 2^-53`` for n workers
+#: (:func:`common.secagg.ring.error_bound`: 6.8e-12 at phase 4 with 3 workers).
 CLIPS = {0: 2.0**24, 1: 2.0**24, 2: 2.0**12, 3: 2.0**12, 4: 2.0**12, STEP: 2.0**24}
 
 
