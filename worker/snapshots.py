@@ -9,7 +9,9 @@ snapshot. The master also says which snapshots it can no longer ask for (``keep`
 deleted, so a folder holds the few rounds since the last checkpoint.
 
 One file a round, ``round-000012.npz`` (:mod:`common.state`), written before the round's update
-is sent: a worker killed after sending has the state its update came from.
+is sent: a worker killed after sending has the state its update came from. A family may skip
+the rounds whose state is never gone back to (``snapshot_due``: the middle of a synchronous
+step, which is redone from its start).
 """
 
 from __future__ import annotations
