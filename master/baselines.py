@@ -58,6 +58,19 @@ def _shards(cfg: Any) -> tuple[dict[str, LocalData], np.ndarray, np.ndarray]:
     return shards, train, test
 
 
+def _pooled_bow(family: ServerFamily
+                ) -> tuple[dict[str, LocalData], np.ndarray, np.ndarray, LocalData, Any] | None:
+    """For a family over an agreed vocabulary: every worker's shard, all their training and
+    test rows, the first shard (its dataset is everyone's), and the dataset's counts over the
+    vocabulary. None outside a simulation, or before the vocabulary was agreed."""
+    if not simulated(family.cfg) or not family.setup_info_:
+        return None
+    shards, train, test = _shards(family.cfg)
+    first = next(iter(shards.values()))
+    return (shards, train, test, first,
+            bow_matrix(first.dataset.texts, family.setup_info_["vocabulary"]))
+
+
 def mlp_baselines(family: MLPServer) -> Baselines | None:
     """The classifier trained on each worker's embeddings alone and on all of them pooled."""
     if not simulated(family.cfg):
@@ -89,13 +102,11 @@ def mlp_baselines(family: MLPServer) -> Baselines | None:
 def nmf_baselines(family: NMFServer) -> Baselines | None:
     """NMF by SGD on each worker's bag of words alone and on all of them pooled, scored by the
     SVM on the topic weights that ``transform`` solves."""
-    if not simulated(family.cfg) or not family.setup_info_:
+    pooled_bow = _pooled_bow(family)
+    if pooled_bow is None:
         return None
+    shards, train, test, first, X = pooled_bow
     cfg, p = family.cfg, family.params
-    vocab = family.setup_info_["vocabulary"]
-    shards, train, test = _shards(cfg)
-    first = next(iter(shards.values()))
-    X = bow_matrix(first.dataset.texts, vocab)
     y = np.asarray(first.y)
     epochs = cfg.rounds * p.local_epochs
     central = p.model(random_state=cfg.seed).fit(X[train], epochs=epochs)
@@ -157,14 +168,13 @@ def ntm_baselines(family: ProdLDAServer) -> Baselines | None:
     the workers score the federated model (:func:`common.eval.topics.neural_topic_scores`,
     each worker's own documents the coherence reference). The local-only models are the
     workers' own (the per-worker table); training them again here would double the run."""
-    if not simulated(family.cfg) or not family.setup_info_:
+    pooled_bow = _pooled_bow(family)
+    if pooled_bow is None:
         return None
+    shards, train, test, first, X = pooled_bow
     cfg, p = family.cfg, family.params
     vocab = family.setup_info_["vocabulary"]
-    shards, train, test = _shards(cfg)
-    first = next(iter(shards.values()))
     texts = first.dataset.texts
-    X = bow_matrix(texts, vocab)
     y = np.asarray(first.y) if first.labelled else None
     ctx = (sentence_features(cfg, first.dataset) if family.contextual_size else None)
 
