@@ -104,21 +104,26 @@ def _ring_sum(vectors: list[np.ndarray], clip: float) -> np.ndarray:
     return dequantize_sum(total, len(vectors), clip, L)
 
 
-@pytest.mark.parametrize("sync_batch_norm", [True, False], ids=["union", "per-node"])
+@pytest.mark.parametrize("sync_batch_norm, contextual", [(True, 0), (False, 0), (True, 24)],
+                         ids=["union", "per-node", "union-contextual"])
 def test_synchronous_ntm_steps_from_secure_sums_are_the_plain_steps(
-        sync_batch_norm: bool) -> None:
+        sync_batch_norm: bool, contextual: int) -> None:
     # Label-skewed nodes, dropout and batch statistics on: what the master reads back from the
-    # ring's sums must step the model as the workers' plain uploads do (simulate_sync).
+    # ring's sums must step the model as the workers' plain uploads do (simulate_sync); with
+    # `contextual`, CombinedTM's network (document embeddings beside the counts).
     c = make_federated_lda(n_nodes=3, vocab_size=200, n_topics=6, n_shared=0,
                            docs_per_node=60, eta=0.05, random_state=0)
-    shards = [(X, None) for X in c.X]
+    rng = np.random.default_rng(0)
+    shards = [(X, rng.normal(size=(60, contextual)).astype(np.float32) if contextual else None)
+              for X in c.X]
     ids = [np.arange(60) + 60 * i for i in range(3)]
     params = NTMParams(n_topics=6, doc_noise=True, batch_size=16, dtype="float64",
                        sync_batch_norm=sync_batch_norm)
     steps = 12
-    plain = simulate_sync(shards, params, steps, doc_ids=ids).get_arrays()
-    glob = params.model(0, 0).initialize(200)
-    nodes = [params.model(0, 1 + i, noise_seed=0).initialize(200) for i in range(3)]
+    plain = simulate_sync(shards, params, steps, contextual_size=contextual,
+                          doc_ids=ids).get_arrays()
+    glob = params.model(contextual, 0).initialize(200)
+    nodes = [params.model(contextual, 1 + i, noise_seed=0).initialize(200) for i in range(3)]
     orders = [batch_schedule(60, 16, 1 + i) for i in range(3)]
     reducer = SyncBNReducer(glob)
     for t in range(steps):
@@ -128,14 +133,14 @@ def test_synchronous_ntm_steps_from_secure_sums_are_the_plain_steps(
             node.set_arrays(arrays)
         if not sync_batch_norm:
             vecs = [ntm_secure.worker_vector(node, ntm_secure.STEP,
-                                             node.gradients(X, None, r, i[r], step=t),
+                                             node.gradients(X, ctx, r, i[r], step=t),
                                              len(r), arrays)
-                    for node, (X, _), r, i in zip(nodes, shards, rows, ids, strict=True)]
+                    for node, (X, ctx), r, i in zip(nodes, shards, rows, ids, strict=True)]
             total = _ring_sum(vecs, ntm_secure.CLIPS[ntm_secure.STEP])
             glob.apply_gradients(ntm_secure.read_sum(glob, ntm_secure.STEP, total))
             continue
-        syncs = [SyncBNStep(node, X, None, r, i[r], step=t)
-                 for node, (X, _), r, i in zip(nodes, shards, rows, ids, strict=True)]
+        syncs = [SyncBNStep(node, X, ctx, r, i[r], step=t)
+                 for node, (X, ctx), r, i in zip(nodes, shards, rows, ids, strict=True)]
         published = arrays
         for phase in range(N_PHASES):
             ups = [s.upload(phase, published) for s in syncs]
@@ -149,7 +154,7 @@ def test_synchronous_ntm_steps_from_secure_sums_are_the_plain_steps(
     secure = glob.get_arrays()
     assert set(secure) == set(plain)
     moved = max(float(np.abs(plain[n] - a).max())
-                for n, a in params.model(0, 0).initialize(200).get_arrays().items())
+                for n, a in params.model(contextual, 0).initialize(200).get_arrays().items())
     assert moved > 1e-2
     # Agreement to 1e-7 (measured: 3e-8 at most), but for the directions batch norm leaves
     # the loss flat in, whose gradients are rounding noise that Adam scales up to steps of
