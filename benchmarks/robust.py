@@ -184,6 +184,62 @@ def run_job(folder: Path, cfg: Path, attack: str | None) -> dict[str, Any]:
     }
 
 
+def pooled_f1(out: Path) -> float | None:
+    """Macro-F1 of the run's final model on the honest workers' test documents pooled (a
+    steadier figure than the mean of per-worker scores: a worker's test split may hold a
+    handful of positives, or none, where one document moves its macro-F1 by points)."""
+    from common.config import load_config
+    from common.data.shards import local_data, sentence_features
+    from fedctl.inference import load_model
+
+    if not (out / "model.npz").exists():
+        return None
+    model = load_model(out)
+    cfg = load_config(out / "cluster.yaml")
+    X, y = [], []
+    for w in HONEST:
+        d = local_data(cfg, w)
+        to_model = np.array([model.classes_.index(c) for c in d.classes])
+        X.append(sentence_features(cfg, d.dataset)[d.test_index])
+        y.append(to_model[d.y_test])
+    return float(model.model_.score(np.concatenate(X), np.concatenate(y))["macro_f1"])
+
+
+def pooled_report(saved: Path, out: Path) -> str:
+    """``robust_pooled.md`` from a finished run's ``robust.json`` (its run folders must still
+    exist): each run's :func:`pooled_f1`, and per strategy and attack the seed-mean Δ in points
+    against the same seed's clean run [min … max]."""
+    res = json.loads(saved.read_text())
+    strategies, seeds = res["strategies"], [str(x) for x in res["seeds_done"]]
+    kinds = list(next(iter(strategies.values()))["runs"])
+    score = {(s, k, seed): pooled_f1(Path(sr["runs"][k][seed]["dir"]) / "out")
+             for s, sr in strategies.items() for k in kinds for seed in seeds}
+    rows = []
+    for s in strategies:
+        cells = []
+        for k in kinds:
+            v = [score[s, k, seed] for seed in seeds if score[s, k, seed] is not None]
+            text = f"{np.mean(v):.4f}" if v else "—"
+            d = [100 * (score[s, k, seed] - score[s, "clean", seed]) for seed in seeds
+                 if score[s, k, seed] is not None and score[s, "clean", seed] is not None]
+            if k != "clean" and d:
+                text += f", Δ **{np.mean(d):+.2f}** [{min(d):+.2f} … {max(d):+.2f}]"
+            cells.append(text)
+        rows.append(f"| {LABELS.get(s, s)} | " + " | ".join(cells) + " |")
+    md = "\n".join([
+        "# Robust aggregation, scored on the pooled test documents", "",
+        f"`{command_line(ROOT)}`", "",
+        f"The runs of [robust.md](robust.md) (`{res['command']}`, seeds {', '.join(seeds)}), "
+        f"scored again: the final model's macro-F1 on the test documents of {', '.join(HONEST)} "
+        f"pooled, where robust.md averages each worker's own. Δ in points against the same "
+        f"seed's clean run, mean [min … max] over the seeds.", "",
+        "| strategy | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds), *rows, ""])
+    (out / "robust_pooled.md").write_text(md + "\n")
+    (out / "robust_pooled.json").write_text(json.dumps(
+        {"|".join(k): v for k, v in score.items()}, indent=1))
+    return md
+
+
 def caught(r: dict[str, Any]) -> str:
     """What the master's screening removed: '' (nothing) or 'w5 in 20/20 rounds (distance)'."""
     parts = []
@@ -494,7 +550,13 @@ def main() -> None:
                     help="folder of the runs' configs, outputs and logs (default: a new one "
                          "under the temporary folder)")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--pooled", action="store_true",
+                    help="run nothing: score the runs of RESULTS/robust.json again on the "
+                         "honest workers' test documents pooled (robust_pooled.md)")
     args = ap.parse_args()
+    if args.pooled:
+        print(pooled_report(args.results / "robust.json", args.results))
+        return
     command = command_line(ROOT)
     strategies = args.strategies.split(",")
     attacks = [a for a in args.attacks.split(",") if a]
