@@ -60,6 +60,13 @@ REFUSED_UPDATE = frozenset({errors.BAD_FIELD, errors.DTYPE, errors.SHAPE, errors
                             errors.REJECTED})
 
 
+
+def _abstains(rnd: RoundState, worker_id: str) -> bool:
+    """Whether a worker's update says, in the clear, that it sat the round out (its
+    ``abstain`` metric: a step of several rounds it holds no state of). Under secure
+    aggregation this is how the master knows who; a plain upload shows it in its arrays too."""
+    return bool(rnd.metrics.get(worker_id, {}).get("abstain"))
+
 class Master:
     """Serve one federated job described by ``cfg``.
 
@@ -785,7 +792,8 @@ class Master:
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors),
-                                  members=tuple(survivors))
+                                  members=tuple(survivors),
+                                  abstained=tuple(w for w in survivors if _abstains(rnd, w)))
             copies = len(survivors) if self.family.strategy.sums_updates else 1
             after = self.family.aggregate(rnd.number, [result] * copies).arrays
             problem = screening.aggregate_problem(before.arrays, after)
@@ -824,7 +832,7 @@ class Master:
             else:
                 self._silent.pop(wid, None)
         for wid, r in rnd.results.items():
-            if self.family.abstained(r):
+            if self.family.abstained(r) or _abstains(rnd, wid):
                 self._abstained[wid] += 1
         for wid in sorted(set(self._silent) | set(self._abstained)):
             n = max(self._silent[wid], self._abstained[wid])

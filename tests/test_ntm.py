@@ -495,9 +495,9 @@ def test_master_runs_synchronized_steps_and_redoes_one_a_worker_leaves() -> None
 
 
 def test_master_redoes_a_secure_step_a_worker_drops_out_of_or_abstains_in() -> None:
-    # Under secure aggregation the master sees one sum a phase and who is in it: a phase
-    # summed without one of the step's workers, or with an abstention counted in it, is
-    # redone from the step's start, as in plain rounds.
+    # Under secure aggregation the master sees one sum a phase, who is in it and who of them
+    # abstained: a phase summed without one of the step's workers, or with an abstainer in
+    # it, is redone from the step's start, as in plain rounds.
     from common.models import ntm_secure
     from common.models.ntm_sync_bn import ABSTAIN, SyncBNStep
     from master.families.ntm import ProdLDAServer
@@ -535,8 +535,10 @@ def test_master_redoes_a_secure_step_a_worker_drops_out_of_or_abstains_in() -> N
         assert server.secure_size() == vecs[0].size
         arrays = server.secure_result(np.sum(vecs, axis=0), 1)
         server.check_update(arrays)
+        # An abstainer says so in the clear: the master names it in the result.
         return server.aggregate(1, [ClientResult("secure-sum", arrays, 8 * len(who),
-                                                 members=tuple(who))])
+                                                 members=tuple(who),
+                                                 abstained=tuple(abstains))])
 
     steps = start(first)
     payload = phase(steps, first)

@@ -17,8 +17,10 @@ step, per-node batch norm   ``n * gradient``, and per      the batch-size weight
                             mean^2)`` of its batch         moments (as ``merge_running_stats``)
 ==========================  =============================  ===================================
 
-Every vector ends with an abstention count (a worker that holds no state of the step sends
-zeros and 1; the master then redoes the step, as it does in plain rounds).
+A worker that holds no state of the step (it restarted mid-step) sends zeros and says so in
+the clear (its update's ``abstain`` metric), so that the master knows who, redoes the step as in
+plain rounds, and excludes a member that keeps abstaining; an abstention counted inside the sum
+could not be traced to anyone.
 
 These sums feed Adam, which divides a gradient by its own size, and batch norm, which divides
 by a standard deviation: a 32-bit ring's error (1e-9 of the clip) would move the model where
@@ -84,7 +86,6 @@ def layout(model: NeuralTopicModel, phase: int, batch_stats: bool = True
                             f"{prefix}.sumsq": (width,)})
     else:
         raise ValueError(f"phase {phase}: a step has phases 0 to 4 (or is one, {STEP})")
-    out[ABSTAIN] = (1,)
     return out
 
 
@@ -128,12 +129,10 @@ def worker_vector(model: NeuralTopicModel, phase: int, upload: Mapping[str, np.n
         The union batch's rows, as phase 1 published them (phase 4 only).
     """
     shapes = layout(model, phase, batch_stats)
-    if ABSTAIN in upload:
-        terms = {name: np.zeros(s) for name, s in shapes.items()}
-        terms[ABSTAIN] = np.ones(1)
-        return _flatten(terms, shapes)
+    if ABSTAIN in upload:  # nothing to add (the abstention itself travels in the clear)
+        return np.zeros(sum(int(np.prod(s)) for s in shapes.values()))
     n = float(n_local)
-    terms = {ABSTAIN: np.zeros(1)}
+    terms: dict[str, np.ndarray] = {}
     if phase in (0, 1):
         mean = np.asarray(upload["mean"], np.float64)
         terms.update({"n": np.array([n]), "sum": n * mean,
@@ -178,8 +177,7 @@ def read_sum(model: NeuralTopicModel, phase: int, total: np.ndarray,
     """What the master takes from the workers' summed terms: the upload of ``phase`` as one
     worker holding the whole union batch would send it (phases 0 to 4: for
     :class:`~common.models.ntm_sync_bn.SyncBNReducer`), or, for :data:`STEP`, the step's
-    update (gradients and running statistics, for ``apply_gradients``); ``{ABSTAIN: []}``
-    when a worker abstained."""
+    update (gradients and running statistics, for ``apply_gradients``)."""
     shapes = layout(model, phase, batch_stats)
     total = np.asarray(total, np.float64).reshape(-1)
     if total.size != sum(int(np.prod(s)) for s in shapes.values()):
@@ -190,11 +188,9 @@ def read_sum(model: NeuralTopicModel, phase: int, total: np.ndarray,
         size = int(np.prod(shapes[name]))
         sums[name] = total[at:at + size].reshape(shapes[name])
         at += size
-    if sums.pop(ABSTAIN)[0] > 0.5:
-        return {ABSTAIN: np.zeros(0)}
     dtype = np.dtype(model.dtype)
     if phase in (0, 1):
-        n = float(sums["n"][0])
+        n = max(float(sums["n"][0]), 1.0)  # 0 only when every member abstained
         mean = sums["sum"] / n
         # Rounding may leave a constant feature's M2 a hair below zero.
         return {"mean": mean, "m2": np.maximum(sums["sumsq"] - n * mean**2, 0.0)}
@@ -202,7 +198,7 @@ def read_sum(model: NeuralTopicModel, phase: int, total: np.ndarray,
         return {k: sums[k] for k in ("sum_g", "sum_gy")}
     if phase == 4:
         return {k: sums[k].astype(dtype) for k in model.param_names()}
-    n = float(sums["n"][0])
+    n = max(float(sums["n"][0]), 1.0)
     out = {k: (sums[k] / n).astype(dtype) for k in model.param_names()}
     for prefix, bn in _batch_norms(model):
         nb = float(sums[f"{prefix}.n"][0]) if batch_stats else 0.0

@@ -234,19 +234,19 @@ class ProdLDAServer(VocabularyServer):
     def _aggregate_phase(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """One phase of a synchronized-batch-norm step (see the module docstring)."""
         assert self.model_ is not None and self.reducer_ is not None
-        # A secure round gives one result, the sum of its members' uploads (an abstention
-        # among them shows as a count, not a name).
+        # A secure round gives one result, the sum of its members' uploads, and who of them
+        # abstained (they say so in the clear).
         secure = bool(results) and bool(results[0].members)
         who = list(results[0].members) if secure else [r.worker_id for r in results]
-        abstained = [("one of " + ", ".join(who)) if secure else r.worker_id
-                     for r in results if ABSTAIN in r.arrays]
+        abstained = (list(results[0].abstained) if secure
+                     else [r.worker_id for r in results if ABSTAIN in r.arrays])
         if self.phase_ > 0 and (abstained or who != self.step_workers_):
             gone = sorted(set(self.step_workers_) - set(who)) + abstained
             log.warning("step %d: %s dropped out in phase %d; redoing the step", self.steps_ + 1,
                         ", ".join(gone), self.phase_)
             return self._start_step()
         if self.phase_ == 0:
-            kept = [r for r in results if ABSTAIN not in r.arrays]
+            kept = [r for r in results if ABSTAIN not in r.arrays and not r.abstained]
             if not kept:
                 return self._start_step(round_=round_ + 1)
             self.step_workers_ = who if secure else [r.worker_id for r in kept]

@@ -29,8 +29,10 @@ class ClientResult:
     #: The strategy's own arrays of the upload (``strategy.*``, e.g. SCAFFOLD's control
     #: variate change), apart from the model's.
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
-    #: For a secure sum (``worker_id`` "secure-sum"): the workers whose inputs it holds.
+    #: For a secure sum (``worker_id`` "secure-sum"): the workers whose inputs it holds, and
+    #: those of them that said, in the clear, that they abstained (their inputs are zeros).
     members: tuple[str, ...] = ()
+    abstained: tuple[str, ...] = ()
 
 
 class Strategy(ABC):
