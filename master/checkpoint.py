@@ -144,7 +144,10 @@ class CheckpointWriter:
         ``hold`` (checkpoints off) they are logged at once.
         """
         with self._wake:
-            if ckpt is None and hold and self._pending is None:
+            if ckpt is None and hold:
+                # Also when an older round's checkpoint is pending: it does not cover these
+                # rounds, so its write must not carry their events into the log (a master
+                # killed then would run them again, and they would be logged twice).
                 self._held += events
                 return
             events, self._held = self._held + events, []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,6 +69,41 @@ def test_held_events_wait_for_the_checkpoint_that_covers_them(tmp_path: Path) ->
     writer.flush()
     assert _logged_rounds(tmp_path) == [1, 2, 3]
     assert Checkpoint.load(tmp_path).meta["round"] == 3
+    writer.close()
+    metrics.close()
+
+
+class _SlowCheckpoint(Checkpoint):
+    """A checkpoint whose write waits for ``go``: the writer stays busy meanwhile."""
+
+    def __init__(self, round_: int, go: threading.Event) -> None:
+        super().__init__({"round": round_}, {"w": np.zeros(4, np.float32)})
+        self.go = go
+
+    def write_to(self, fh: Any) -> None:
+        self.go.wait(30)
+        super().write_to(fh)
+
+
+def test_a_pending_checkpoint_does_not_carry_later_rounds_events(tmp_path: Path) -> None:
+    # Round 1's checkpoint is being written, round 2's waits behind it, and round 3 (a round
+    # whose checkpoint was skipped for the budget) finishes: round 3's events must wait for a
+    # checkpoint that covers round 3, not go out with round 2's (seen: a master killed then
+    # was resumed from round 2 and ran round 3 again, logged twice).
+    writer, metrics = _writer(tmp_path, budget=1.0)
+    go = threading.Event()
+    writer.submit(_SlowCheckpoint(1, go), [{"event": "round", "round": 1}])
+    while writer.ready():  # the thread has taken round 1's checkpoint
+        time.sleep(0.001)
+    writer.submit(_ckpt(2), [{"event": "round", "round": 2}])
+    writer.submit(None, [{"event": "round", "round": 3}], hold=True)
+    go.set()
+    writer.flush()
+    assert _logged_rounds(tmp_path) == [1, 2]
+    assert Checkpoint.load(tmp_path).meta["round"] == 2
+    writer.submit(_ckpt(4), [{"event": "round", "round": 4}])
+    writer.flush()
+    assert _logged_rounds(tmp_path) == [1, 2, 3, 4]
     writer.close()
     metrics.close()
 
