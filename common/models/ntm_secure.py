@@ -91,12 +91,16 @@ def layout(model: NeuralTopicModel, phase: int, batch_stats: bool = True
 
 def vector_size(model: NeuralTopicModel, phase: int, batch_stats: bool = True) -> int:
     """Length of a worker's vector in ``phase``."""
-    return sum(int(np.prod(s)) for s in layout(model, phase, batch_stats).values())
+    return _size(layout(model, phase, batch_stats))
+
+
+def _size(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    return sum(int(np.prod(s)) for s in shapes.values())
 
 
 def _flatten(terms: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]]
              ) -> np.ndarray:
-    out = np.empty(sum(int(np.prod(s)) for s in shapes.values()), dtype=np.float64)
+    out = np.empty(_size(shapes), dtype=np.float64)
     at = 0
     for name in sorted(shapes):
         t = np.asarray(terms[name], dtype=np.float64).reshape(-1)
@@ -130,7 +134,7 @@ def worker_vector(model: NeuralTopicModel, phase: int, upload: Mapping[str, np.n
     """
     shapes = layout(model, phase, batch_stats)
     if ABSTAIN in upload:  # nothing to add (the abstention itself travels in the clear)
-        return np.zeros(sum(int(np.prod(s)) for s in shapes.values()))
+        return np.zeros(_size(shapes))
     n = float(n_local)
     terms: dict[str, np.ndarray] = {}
     if phase in (0, 1):
@@ -180,9 +184,9 @@ def read_sum(model: NeuralTopicModel, phase: int, total: np.ndarray,
     update (gradients and running statistics, for ``apply_gradients``)."""
     shapes = layout(model, phase, batch_stats)
     total = np.asarray(total, np.float64).reshape(-1)
-    if total.size != sum(int(np.prod(s)) for s in shapes.values()):
+    if total.size != _size(shapes):
         raise ValueError(f"a secure sum of {total.size} values for a layout of "
-                         f"{vector_size(model, phase, batch_stats)}")
+                         f"{_size(shapes)}")
     sums, at = {}, 0
     for name in sorted(shapes):
         size = int(np.prod(shapes[name]))
