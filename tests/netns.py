@@ -273,12 +273,14 @@ def _until(what: str, cond: Any, cluster: NsCluster, timeout: float) -> None:
 
 
 def run_with_faults(net: Network, cfg: Path, folder: Path, cache: Path | None,
-                    timeout: float = 900) -> dict[str, float]:
+                    timeout: float = 900, w1_down_s: float = 20,
+                    master_down_s: float = 10) -> dict[str, float]:
     """A master (node ``master``) and workers w1-w3 through issue 28's faults, in order: w3's
-    link limited to 10 Mbit/s throughout; w1's link down 20 s after round 3; the master's
-    down 10 s once w1 is back in a round; w2 moved to 198.51.100.77 two rounds later. Returns
-    when every process has ended cleanly; the seconds (after ``launched``, the wall-clock time
-    the processes were started) at which each fault began."""
+    link limited to 10 Mbit/s throughout; w1's link down ``w1_down_s`` (20 s) after round 3;
+    the master's down ``master_down_s`` (10 s) once w1 is back in a round; w2 moved to
+    198.51.100.77 two rounds later. Returns when every process has ended cleanly; the seconds
+    (after ``launched``, the wall-clock time the processes were started) at which each fault
+    began."""
     out = folder / "out"
     cluster = NsCluster(net, folder, cache)
     net.rate_limit("w3", 10)
@@ -291,14 +293,14 @@ def run_with_faults(net: Network, cfg: Path, folder: Path, cache: Path | None,
         _until("round 3", lambda: len(rounds(out)) >= 3, cluster, 300)
         at["w1 down"] = time.monotonic() - t0
         net.link_down("w1")
-        time.sleep(20)
+        time.sleep(w1_down_s)
         net.link_up("w1")
         cut = len(rounds(out))
         _until("w1 back in a round", lambda: any(r > cut for r in _worker_rounds(out, "w1")),
                cluster, 120)
         at["master down"] = time.monotonic() - t0
         net.link_down("master")
-        time.sleep(10)
+        time.sleep(master_down_s)
         net.link_up("master")
         cut = len(rounds(out))
         _until("rounds after the master's link came back", lambda: len(rounds(out)) >= cut + 2,

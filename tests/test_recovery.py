@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.conftest import ROOT, MakeConfig, Procs, events, run_job, wait_for
 
@@ -167,15 +168,21 @@ def test_clear_ends_a_refused_worker_and_a_master_whose_workers_are_gone(
     """A worker the master refuses prints one line naming the reason, no traceback, and exits
     non-zero; a master whose workers are all gone (here killed; after a resume, never back)
     says why and exits non-zero rather than wait forever, keeping its checkpoint."""
-    cfg = make_config(tmp_path, workers=1, rounds=60, heartbeat_timeout=2, join_timeout=10,
+    # The master gives up heartbeat_timeout + join_timeout (6 s) after the last it heard; the
+    # workers get their own copy of the config with a long join_timeout, the longest they wait
+    # for the master's first announcement however slowly this machine starts it.
+    cfg = make_config(tmp_path, workers=1, rounds=60, heartbeat_timeout=2, join_timeout=4,
                       model=JOBS["mlp_scaffold"]["model"], data={"task": "multiclass"})
+    patient = tmp_path / "workers.yaml"
+    patient.write_text(yaml.safe_dump({**yaml.safe_load(cfg.read_text()), "join_timeout": 60},
+                                      sort_keys=False))
     out = tmp_path / "out"
     own = tmp_path / "own.jsonl"  # a stranger's documents: w9 is in no worker list
     rows = (ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl").read_text().splitlines()
     own.write_text("\n".join(rows[:30]) + "\n")
     master = procs.master(cfg)
-    procs.worker(cfg, "w1")
-    stranger = procs.worker(cfg, "w9", "--data", str(own))
+    procs.worker(patient, "w1")
+    stranger = procs.worker(patient, "w9", "--data", str(own))
     assert stranger.wait(timeout=120) != 0
     said = procs.log("w9")
     assert "Traceback" not in said, said

@@ -65,9 +65,16 @@ def _final_f1(cache: Path, folder: Path, strategy: dict[str, Any], attack: str |
     return float(np.mean([reports[w]["federated"]["macro_f1"] for w in HONEST]))
 
 
-def test_a_sign_flipped_update_wrecks_fedavg_and_not_the_robust_rules(embed_cache: Path,
-                                                                      tmp_path: Path) -> None:
-    clean = _final_f1(embed_cache, tmp_path / "clean", {"name": "fedavg"}, None)
+@pytest.fixture(scope="module")
+def clean_fedavg(tmp_path_factory: pytest.TempPathFactory, embed_cache: Path) -> float:
+    """FedAvg's final F1 with every worker honest: both tests' reference, run once (the model
+    depends on the config's seed, data, model and rounds, not on its ports or folder)."""
+    return _final_f1(embed_cache, tmp_path_factory.mktemp("clean"), {"name": "fedavg"}, None)
+
+
+def test_a_sign_flipped_update_wrecks_fedavg_and_not_the_robust_rules(
+        embed_cache: Path, tmp_path: Path, clean_fedavg: float) -> None:
+    clean = clean_fedavg
     wrecked = _final_f1(embed_cache, tmp_path / "fedavg", {"name": "fedavg"}, "signflip")
     assert wrecked < clean - 0.3, (clean, wrecked)
     for name, strategy in ROBUST.items():
@@ -76,11 +83,11 @@ def test_a_sign_flipped_update_wrecks_fedavg_and_not_the_robust_rules(embed_cach
         assert held >= mine - 0.15 and held > wrecked + 0.3, (name, mine, held, wrecked)
 
 
-def test_a_shifted_update_is_left_out_by_the_master_itself(embed_cache: Path,
-                                                          tmp_path: Path) -> None:
+def test_a_shifted_update_is_left_out_by_the_master_itself(embed_cache: Path, tmp_path: Path,
+                                                          clean_fedavg: float) -> None:
     from tests.conftest import events
 
-    clean = _final_f1(embed_cache, tmp_path / "clean", {"name": "fedavg"}, None)
+    clean = clean_fedavg
     shifted = _final_f1(embed_cache, tmp_path / "shift", {"name": "fedavg"}, "shift")
     left_out = events(tmp_path / "shift" / "out", "left_out")
     assert {e["worker"] for e in left_out} == {"w5"} and len(left_out) == ROUNDS
