@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +89,12 @@ def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
                                                  make_config: MakeConfig,
                                                  embed_cache: Path) -> None:
     job = JOBS[family]
-    # Undisturbed.
+    # Undisturbed, beside the disturbed run (each mostly waits on its processes' start).
     calm_dir = tmp_path / "calm"
     calm_dir.mkdir()
-    run_job(make_config(calm_dir, workers=2, **PATIENT, **job), calm_dir / "logs", embed_cache,
-            WORKERS)
-    expected_rounds = _rounds(calm_dir / "out")
+    calm = ThreadPoolExecutor(1).submit(
+        run_job, make_config(calm_dir, workers=2, **PATIENT, **job), calm_dir / "logs",
+        embed_cache, WORKERS)
 
     # The master killed after round 2 and resumed; then w2 killed and restarted. The workers
     # are paused (SIGSTOP) around each kill, so that a fast job cannot end meanwhile.
@@ -135,6 +136,8 @@ def test_master_and_worker_killed_change_nothing(family: str, tmp_path: Path,
         assert set(codes.values()) == {0}, procs.logs_tail()
     finally:
         procs.stop_all()
+        calm.result()  # (its own failure, if any, is raised here)
+    expected_rounds = _rounds(calm_dir / "out")
 
     rounds = _rounds(out)
     assert rounds == list(range(1, len(rounds) + 1))  # every round logged once, none lost

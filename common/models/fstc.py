@@ -8,6 +8,10 @@ give the assignment scores of a batch; P = softmax(F(Φ(x))). Training is unsupe
    cost M = −log P and the equal-partition constraint (rows sum to 1/N, columns to 1/K), entropic
    Sinkhorn with ε = 0.1 gives the transport ξ, sharpened into Q_ik = ξ_ik² / Σ_k' ξ_ik'².
    Q is refreshed on a logarithmic schedule (:func:`refresh_schedule`), dense early on.
+   Here the columns' sums are by default *learned* with the transport (``marginal="learned"``,
+   a self-adaptive marginal under a log barrier, as in RSTC, Zheng et al. 2023): the paper's
+   equal partition tears large clusters apart and merges small ones, which on unequal data
+   ended below the k-means start (issue 29); ``marginal="equal"`` is the paper's.
 2. **Robust weighting** (:class:`GaussianUniformMixture`, :func:`robust_weights`): the
    residual e_i = Q_i − P_i is either a correct pseudo-label (Gaussian) or a wrong one
    (uniform); the posterior r_i of "correct" gives w_i = r_i if r_i ≥ 0.5 else 0 and the loss
@@ -33,8 +37,9 @@ Where this code departs from the paper, and why:
   same rare keyword (a product, a library) are neighbours even where the sentence embedding
   places them by what they ask. The head still reads Φ alone; the view only picks the pairs.
   With it comes SCAN's other half, a **balance term** (``balance_weight=5``, SCAN's weight):
-  KL(mean P of the batch ‖ uniform), the same equal-size prior the transport already imposes,
-  which the mixture weighting otherwise undoes by dropping the very rows the transport moves.
+  KL(mean P of the batch ‖ b), b the transport's marginal (uniform under the equal prior): the
+  sizes the transport asks for, restated where the mixture weighting otherwise undoes them by
+  dropping the very rows the transport moves.
 
 * P (the softmax) stands for the paper's O in the loss and in the mixture: Q and P both live on
   the probability simplex, which is what gives the uniform outlier density a bounded support.
@@ -57,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.special import lambertw
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 from torch import nn
@@ -69,7 +75,7 @@ from common.state import generator_state, set_generator_state
 #: Names of the arrays a worker uploads and the master publishes.
 CENTERS, COUNTS = "centers", "counts"
 
-__all__ = ["CENTERS", "COUNTS", "VARIANTS", "ENCODERS", "INITS", "sinkhorn", "sharpen",
+__all__ = ["CENTERS", "COUNTS", "VARIANTS", "MARGINALS", "ENCODERS", "INITS", "sinkhorn", "sharpen",
            "pseudo_labels",
            "refresh_schedule", "GaussianUniformMixture", "robust_weights", "hard_centers",
            "nearest_neighbors", "neighbor_view",
@@ -77,6 +83,7 @@ __all__ = ["CENTERS", "COUNTS", "VARIANTS", "ENCODERS", "INITS", "sinkhorn", "sh
            "score_clustering"]
 
 VARIANTS = ("stc", "rstc", "fstc")
+MARGINALS = ("learned", "equal")
 ENCODERS = ("frozen", "finetune")
 INITS = ("kfed", "pooled")
 
@@ -86,14 +93,26 @@ INITS = ("kfed", "pooled")
 # --------------------------------------------------------------------------------------------
 
 
-def sinkhorn(log_p: np.ndarray, epsilon: float = 0.1, max_iter: int = 10000, tol: float = 1e-6
-             ) -> np.ndarray:
-    """Entropic optimal transport of N rows onto K equal clusters, cost M = −log P.
+def sinkhorn(log_p: np.ndarray, epsilon: float = 0.1, max_iter: int = 10000, tol: float = 1e-6,
+             marginal_weight: float | None = None) -> np.ndarray:
+    """Entropic optimal transport of N rows onto K clusters, cost M = −log P.
 
-    Solves min_ξ ⟨ξ, M⟩ − ε H(ξ) subject to ξ 1 = 1/N and ξᵀ 1 = 1/K, whose solution is
-    ξ = diag(u) exp(−M/ε) diag(v) = diag(u) P^(1/ε) diag(v), with u and v from alternating
-    scalings (Cuturi 2013). Each row of P^(1/ε) is first divided by its largest entry — a
-    factor u absorbs — so that P^10 of a confident row does not underflow.
+    With ``marginal_weight`` None (the paper's), the clusters are equal: min_ξ ⟨ξ, M⟩ − ε H(ξ)
+    subject to ξ 1 = 1/N and ξᵀ 1 = 1/K, whose solution is ξ = diag(u) P^(1/ε) diag(v), u and v
+    from alternating scalings (Cuturi 2013).
+
+    With a weight τ, the cluster sizes are learned with the transport (a self-adaptive marginal,
+    as in RSTC, Zheng et al. 2023): min over ξ and b of ⟨ξ, M⟩ − ε H(ξ) − τ Σ_k log b_k subject
+    to ξ 1 = 1/N and ξᵀ 1 = b. The log barrier keeps every cluster alive (b_k → 0 costs ∞) but
+    lets the sizes follow the data: the larger τ, the nearer b stays to equal (τ → ∞ is the
+    equal partition, τ → 0 the rows' own argmax). Its dual is concave; exact coordinate ascent
+    on the column potential g_k solves g_k e^(g_k/ε) (Kᵀu)_k = τ, so the column scaling is
+    v_k = exp(W(τ / (ε (Kᵀu)_k))), W the Lambert function, and b_k = τ / (ε log v_k): one line
+    of Sinkhorn changes. (RSTC updates b by Newton steps on a different penalty; this is our
+    own derivation.)
+
+    Each row of P^(1/ε) is first divided by its largest entry — a factor u absorbs — so that
+    P^10 of a confident row does not underflow.
 
     Parameters
     ----------
@@ -106,24 +125,51 @@ def sinkhorn(log_p: np.ndarray, epsilon: float = 0.1, max_iter: int = 10000, tol
     tol : float, default 1e-6
         Stop once, right after a column scaling, every row sum is within a relative ``tol`` of
         1/N. A last row scaling makes the rows exact; the columns stay within about ``tol``.
+    marginal_weight : float or None, default None
+        τ of the learned marginal; None: equal clusters.
 
     Returns
     -------
     numpy.ndarray of shape (N, K), float64
-        The transport ξ: rows sum to 1/N, columns to 1/K.
+        The transport ξ: rows sum to 1/N, columns to 1/K (or to the learned b).
     """
     log_kernel = np.asarray(log_p, dtype=np.float64) / epsilon
     kernel = np.exp(log_kernel - log_kernel.max(axis=1, keepdims=True))
     n, k = kernel.shape
-    v = np.ones(k)
+    # v is kept as log v: with a learned marginal it is exp(τ / (ε b_k)), far beyond float64
+    # for τ of 1 or more. u is kept as ũ = u · max(v), which stays in range.
+    log_v = np.zeros(k)
     for it in range(max_iter):
-        u = (1.0 / n) / (kernel @ v)
+        shift = log_v.max()
+        u = (1.0 / n) / (kernel @ np.exp(log_v - shift))
         # A cluster no row can reach has a zero column; the floor keeps v finite.
-        v = (1.0 / k) / np.maximum(kernel.T @ u, 1e-300)
-        if it % 10 == 9 and np.abs(n * (kernel @ v) * u - 1.0).max() < tol:
+        column = np.maximum(kernel.T @ u, 1e-300)  # (Kᵀu)_k · e^shift
+        if marginal_weight is None:
+            log_v = np.log(1.0 / k) - np.log(column) + shift
+        else:
+            log_v = _log_lambertw(np.log(marginal_weight / epsilon) - np.log(column) + shift)
+        if it % 10 == 9 and np.abs(n * (kernel @ np.exp(log_v - log_v.max())) * u
+                                   * np.exp(log_v.max() - shift) - 1.0).max() < tol:
             break
+    v = np.exp(log_v - log_v.max())
     u = (1.0 / n) / (kernel @ v)
     return u[:, None] * kernel * v[None, :]
+
+
+def _log_lambertw(log_x: np.ndarray) -> np.ndarray:
+    """W(x) of x = exp(log_x), for x beyond float64 too: W + log W = log x by Newton's method
+    where scipy's ``lambertw`` would overflow."""
+    log_x = np.asarray(log_x, dtype=np.float64)
+    small = log_x < 500
+    w = np.empty_like(log_x)
+    w[small] = lambertw(np.exp(log_x[small])).real
+    big = log_x[~small]
+    if big.size:
+        wb = big - np.log(big)
+        for _ in range(8):  # quadratic convergence from an error of log(log x)/log x
+            wb -= (wb + np.log(wb) - big) / (1.0 + 1.0 / wb)
+        w[~small] = wb
+    return w
 
 
 def sharpen(xi: np.ndarray) -> np.ndarray:
@@ -132,10 +178,11 @@ def sharpen(xi: np.ndarray) -> np.ndarray:
     return sq / sq.sum(axis=1, keepdims=True)
 
 
-def pseudo_labels(log_p: np.ndarray, epsilon: float = 0.1) -> np.ndarray:
+def pseudo_labels(log_p: np.ndarray, epsilon: float = 0.1,
+                  marginal_weight: float | None = None) -> np.ndarray:
     """The pseudo-labels Q of rows with log-probabilities ``log_p`` (:func:`sinkhorn`, then
     :func:`sharpen`)."""
-    return sharpen(sinkhorn(log_p, epsilon))
+    return sharpen(sinkhorn(log_p, epsilon, marginal_weight=marginal_weight))
 
 
 def refresh_schedule(total_iterations: int, n_refresh: int = 40) -> np.ndarray:
@@ -485,9 +532,15 @@ class FSTCParams:
     neighbor_lsa_weight : float, default 0.5
         Weight of the LSA part of that view (against Φ's, 1).
     balance_weight : float, default 5.0
-        Weight of KL(mean P of the batch ‖ uniform), which keeps the clusters near equal size
-        (the transport's prior); 0 turns it off (the paper's FSTC). Lower it for data whose
-        classes differ much in size.
+        Weight of KL(mean P of the batch ‖ b), b the transport's marginal (uniform when
+        ``marginal="equal"``): it keeps the head's cluster sizes where the transport puts them;
+        0 turns it off (the paper's FSTC).
+    marginal : {"learned", "equal"}, default "learned"
+        The transport's cluster sizes: ``learned`` with the transport (a self-adaptive
+        marginal under a log barrier, :func:`sinkhorn`), ``equal`` the paper's N/K each, for
+        data known to have equal clusters.
+    marginal_weight : float, default 0.01
+        τ of the learned marginal's barrier: larger keeps the sizes nearer equal.
     """
 
     n_clusters: int = 0
@@ -508,9 +561,12 @@ class FSTCParams:
     neighbor_lsa_dims: int = 32
     neighbor_lsa_weight: float = 0.5
     balance_weight: float = 5.0
+    marginal: str = "learned"
+    marginal_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        for name, allowed in (("variant", VARIANTS), ("encoder", ENCODERS), ("init", INITS)):
+        for name, allowed in (("variant", VARIANTS), ("encoder", ENCODERS), ("init", INITS),
+                              ("marginal", MARGINALS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -526,7 +582,8 @@ class FSTCParams:
         for name in ("align_weight", "neighbor_weight", "neighbor_lsa_weight", "balance_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a number >= 0")
-        for name in ("lr_head", "lr_encoder", "epsilon", "temperature"):
+
+        for name in ("lr_head", "lr_encoder", "epsilon", "temperature", "marginal_weight"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a number > 0")
 
@@ -545,7 +602,8 @@ class FSTCParams:
                              neighbors=self.neighbors, neighbor_weight=self.neighbor_weight,
                              neighbor_lsa_dims=self.neighbor_lsa_dims,
                              neighbor_lsa_weight=self.neighbor_lsa_weight,
-                             balance_weight=self.balance_weight,
+                             balance_weight=self.balance_weight, marginal=self.marginal,
+                             marginal_weight=self.marginal_weight,
                              random_state=random_state, device=device)
 
 
@@ -581,6 +639,8 @@ class FSTCClusterer:
     neighbor_lsa_weight : float, default 0.5
         See :class:`FSTCParams`; the LSA part needs the texts (:meth:`fit`'s ``texts``).
     balance_weight : float, default 5.0
+    marginal : {"learned", "equal"}, default "learned"
+    marginal_weight : float, default 0.01
         See :class:`FSTCParams`.
     model_path : str or None, default None
         The sentence-transformers folder for ``finetune`` (None: the bundled all-MiniLM-L6-v2).
@@ -602,6 +662,9 @@ class FSTCClusterer:
         The current Q.
     weights_ : numpy.ndarray of shape (n,)
         The current w (ones for ``stc``).
+    marginal_ : numpy.ndarray of shape (K,)
+        The transport's cluster sizes at the last refresh, as shares (1/K each when
+        ``marginal="equal"``).
     neighbors_ : numpy.ndarray of shape (n, neighbors)
         Each row's nearest neighbours (row indices), when the neighbour term is on.
     neighbor_view_ : {"embedding+lsa", "embedding"}
@@ -623,12 +686,15 @@ class FSTCClusterer:
                  encoder: str = "frozen", max_length: int = 32, model_path: str | None = None,
                  neighbors: int = 10, neighbor_weight: float = 1.0,
                  neighbor_lsa_dims: int = 32, neighbor_lsa_weight: float = 0.5,
-                 balance_weight: float = 5.0,
+                 balance_weight: float = 5.0, marginal: str = "learned",
+                 marginal_weight: float = 0.01,
                  random_state: int = 0, device: str = "cpu") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+        if marginal not in MARGINALS:
+            raise ValueError(f"marginal must be one of {MARGINALS}, got {marginal!r}")
         self.n_clusters = n_clusters
         self.variant = variant
         self.align_weight = align_weight
@@ -648,6 +714,8 @@ class FSTCClusterer:
         self.neighbor_lsa_dims = neighbor_lsa_dims
         self.neighbor_lsa_weight = neighbor_lsa_weight
         self.balance_weight = balance_weight
+        self.marginal = marginal
+        self.marginal_weight = marginal_weight
         self.random_state = random_state
         self.device = device
         self.head_: nn.Linear | None = None
@@ -728,11 +796,21 @@ class FSTCClusterer:
         return torch.optim.Adam(groups)
 
     # -- training --------------------------------------------------------------------------
+    @property
+    def _tau(self) -> float | None:
+        """τ of the transport's learned marginal; None: equal sizes."""
+        return self.marginal_weight if self.marginal == "learned" else None
+
     def _refresh(self, X: Any) -> None:
-        """Recompute Q (and, for rstc/fstc, the mixture weights w) over all rows."""
+        """Recompute Q, the transport's marginal (and, for rstc/fstc, the mixture weights w)
+        over all rows."""
         with torch.no_grad():
             log_p = torch.log_softmax(self.head_(self._embed(X)), dim=1).double().cpu().numpy()
-        Q = pseudo_labels(log_p, self.epsilon)
+        xi = sinkhorn(log_p, self.epsilon, marginal_weight=self._tau)
+        Q = sharpen(xi)
+        self.marginal_ = xi.sum(axis=0) / xi.sum()
+        self._log_marginal = torch.as_tensor(np.log(np.maximum(self.marginal_, 1e-12)),
+                                             dtype=torch.float32, device=self.device)
         if self.variant == "stc":
             w, self._pi = np.ones(len(Q)), 1.0
         else:
@@ -814,9 +892,9 @@ class FSTCClusterer:
                 loss_n = -torch.log((P * P_n).sum(dim=1).clamp_min(1e-8)).mean()
             loss_b = torch.zeros((), device=self.device)
             if self.balance_weight > 0:
-                mean_p = P.mean(dim=0)  # KL(mean P ‖ uniform) = log K − H(mean P)
-                loss_b = ((mean_p * torch.log(mean_p.clamp_min(1e-8))).sum()
-                          + float(np.log(self.n_clusters)))
+                mean_p = P.mean(dim=0)  # KL(mean P ‖ b), b the transport's marginal
+                loss_b = (mean_p * (torch.log(mean_p.clamp_min(1e-8))
+                                    - self._log_marginal)).sum()
             loss = (loss_c + self.align_weight * loss_a + self.neighbor_weight * loss_n
                     + self.balance_weight * loss_b)
             self._optimizer.zero_grad(set_to_none=True)
@@ -842,7 +920,7 @@ class FSTCClusterer:
         H = self._embed(X)
         with torch.no_grad():
             log_p = torch.log_softmax(self.head_(H), dim=1).double().cpu().numpy()
-        labels = pseudo_labels(log_p, self.epsilon).argmax(axis=1)
+        labels = pseudo_labels(log_p, self.epsilon, self._tau).argmax(axis=1)
         return hard_centers(H.detach().cpu().numpy(), labels, self.n_clusters)
 
     def predict_proba(self, X: Any) -> np.ndarray:
@@ -874,6 +952,7 @@ class FSTCClusterer:
                 "history": self.history_, "last_loss": self.last_loss_,
                 "pseudo_labels": getattr(self, "pseudo_labels_", None),
                 "weights": getattr(self, "weights_", None), "pi": getattr(self, "_pi", None),
+                "marginal": getattr(self, "marginal_", None),
                 "neighbors": getattr(self, "neighbors_", None),
                 "neighbor_view": getattr(self, "neighbor_view_", None)}
 
@@ -892,7 +971,8 @@ class FSTCClusterer:
         set_generator_state(self._rng, state["rng"])
         self.n_iter_, self.last_loss_ = int(state["n_iter"]), float(state["last_loss"])
         self.history_ = [dict(h) for h in state["history"]]
-        for name in ("pseudo_labels_", "weights_", "_pi", "neighbors_", "neighbor_view_"):
+        for name in ("pseudo_labels_", "weights_", "_pi", "neighbors_", "neighbor_view_",
+                     "marginal_"):
             if hasattr(self, name):
                 delattr(self, name)
         if state["neighbors"] is not None:
@@ -900,6 +980,11 @@ class FSTCClusterer:
         if state["pseudo_labels"] is not None:
             Q, w = state["pseudo_labels"], state["weights"]
             self.pseudo_labels_, self.weights_, self._pi = Q, w, float(state["pi"])
+            b = state.get("marginal")  # absent from snapshots of the equal-only versions
+            self.marginal_ = (np.full(Q.shape[1], 1.0 / Q.shape[1]) if b is None
+                              else np.asarray(b, dtype=np.float64))
+            self._log_marginal = torch.as_tensor(np.log(np.maximum(self.marginal_, 1e-12)),
+                                                 dtype=torch.float32, device=self.device)
             self._q = torch.as_tensor(Q, dtype=torch.float32, device=self.device)
             self._w = torch.as_tensor(w, dtype=torch.float32, device=self.device)
 
@@ -1044,15 +1129,17 @@ class FederatedFSTC:
 FAR_FROM_START_NMI = 0.5
 
 
-def size_signals(counts: np.ndarray) -> dict[str, float]:
+def size_signals(counts: np.ndarray, marginal: np.ndarray | None = None) -> dict[str, float]:
     """What a worker can see of its clusters without labels: the entropy of their sizes over
     its largest possible value (1: equal sizes), and the total variation between the sizes and
-    the equal marginal the transport assumes (0: the assumption holds)."""
+    the transport's marginal ``marginal`` (None: the equal one), 0 where the head predicts the
+    sizes the transport asks for."""
     p = np.asarray(counts, dtype=np.float64)
     p = p / max(p.sum(), 1e-12)
     k = len(p)
+    b = np.full(k, 1.0 / k) if marginal is None else np.asarray(marginal, dtype=np.float64)
     nz = p[p > 0]
     entropy = float(-(nz * np.log(nz)).sum() / np.log(k)) if k > 1 else 1.0
-    return {"size_entropy": entropy, "marginal_gap": float(0.5 * np.abs(p - 1.0 / k).sum())}
+    return {"size_entropy": entropy, "marginal_gap": float(0.5 * np.abs(p - b).sum())}
 
 #: Arrays a worker uploads every round; the model's own (``head.*``, ``encoder.*``) come last.

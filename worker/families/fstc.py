@@ -118,10 +118,13 @@ class FSTCClient(ClientFamily):
         if meta.get("final"):
             out.update(self.model.get_arrays())
         h = self.model.history_[-1]
-        sizes = size_signals(self.model.counts_)
-        log.info("round %d: cluster sizes' entropy %.2f of its most, %.2f (total variation) "
-                 "from the equal marginal the transport assumes", round_,
-                 sizes["size_entropy"], sizes["marginal_gap"])
+        # The head's own clusters (argmax P) against the sizes the transport asks for.
+        predicted = np.bincount(self.model.predict(self.inputs), minlength=self.n_clusters)
+        sizes = size_signals(predicted, getattr(self.model, "marginal_", None))
+        log.info("round %d: cluster sizes' entropy %.2f of its most (largest %.1f %%), %.2f "
+                 "(total variation) from the transport's %s marginal", round_,
+                 sizes["size_entropy"], 100 * predicted.max() / max(predicted.sum(), 1),
+                 sizes["marginal_gap"], self.params.marginal)
         return FitResult(out, self.n_samples,
                          {"train_loss": h["loss"], "loss_c": h["loss_c"],
                           "loss_align": h["loss_align"], "loss_neighbor": h["loss_neighbor"],
