@@ -74,52 +74,55 @@ def table(cells: list[dict[str, Any]], scheme: str, sets: tuple[str, ...],
     return "\n".join(lines)
 
 
-def plot(cells: list[dict[str, Any]], path: Path, equal: dict[str, Any] | None) -> None:
+def plot(cells: list[dict[str, Any]], path: Path) -> None:
+    """ACC against the largest / smallest cluster, one panel per split; Table 2's equal sets
+    (when among ``cells``, e.g. from ``fstc_equal.json``) at ratio 1, open markers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True, sharex=True)
     colors = {"FSBERT": "tab:blue", "FSTC (paper)": "tab:orange",
               "defaults, equal sizes": "tab:gray", "defaults": "tab:green"}
-    markers = dict(zip(SETS, "osD^v", strict=True))
+    markers = dict(zip(SETS + EQUAL_SETS, "osD^vos", strict=True))
     for ax, scheme in zip(axes, ("iid", "dirichlet"), strict=True):
-        for s in SETS:
+        for s in SETS + EQUAL_SETS:
             mine = [c for c in cells if c["dataset"] == s and c["scheme"] == scheme]
             if not mine:
                 continue
             for i, m in enumerate(PLOTTED):
                 acc = [c["scores"][m]["acc"] for c in mine]
-                x = mine[0]["ratio"] * (1 + 0.04 * (i - 1.5))  # side by side, log axis
-                ax.errorbar(x, np.mean(acc), yerr=np.std(acc), fmt=markers[s],
-                            color=colors[m], ms=6, capsize=2)
-        if equal and scheme == "iid":  # Table 2: the equal sets, ratio 1
-            for src, marker in (("stackoverflow", "o"), ("agnews_8000", "s")):
-                for i, (m, key) in enumerate((("FSBERT", "FSBERT"),
-                                              ("FSTC (paper)", "FSTC"),
-                                              ("defaults, equal sizes", "FSTC + neighbours"))):
-                    acc = equal.get(src, {}).get(key, {}).get("acc")
-                    if acc:
-                        ax.errorbar(1 + 0.04 * (i - 1.5), np.mean(acc), yerr=np.std(acc),
-                                    fmt=marker, mfc="none", color=colors[m], ms=6, capsize=2)
+                x = mine[0]["ratio"] * (1 + 0.05 * (i - 1.5))  # side by side, log axis
+                ax.errorbar(x, np.mean(acc), yerr=np.std(acc), fmt=markers[s], color=colors[m],
+                            mfc="none" if s in EQUAL_SETS else colors[m], ms=6, capsize=2)
         ax.set_xscale("log")
+        ax.set_xticks([1, 2, 5, 10, 20], ["1", "2", "5", "10", "20"])
         ax.set_xlabel("largest / smallest cluster")
         ax.set_title("4 IID clients" if scheme == "iid"
                      else f"4 clients, Dirichlet α = {ALPHA} over clusters")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("ACC (%)")
-    from matplotlib.lines import Line2D
-
+    axes[0].set_ylabel("ACC (%), mean ± std over seeds")
     handles = [Line2D([], [], color=colors[m], marker="o", ls="", label=m) for m in PLOTTED]
-    handles += [Line2D([], [], color="k", marker=markers[s], ls="", label=TITLES[s])
-                for s in SETS]
-    handles.append(Line2D([], [], color="k", marker="o", mfc="none", ls="",
-                          label="StackOverflow / AG News (■), equal: Table 2"))
-    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8)
-    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    handles += [Line2D([], [], color="k", marker=markers[s], ls="", label=TITLES[s],
+                       mfc="none" if s in EQUAL_SETS else "k") for s in SETS + EQUAL_SETS]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _equal_cells(out: Path) -> list[dict[str, Any]]:
+    """The equal sets' cells of an earlier ``--name fstc_equal`` run, if any."""
+    path = out / "fstc_equal.json"
+    return json.loads(path.read_text())["cells"] if path.exists() else []
+
+
+def replot(out: Path, name: str) -> None:
+    """Redraw ``name``.png from its JSON (and the equal sets')."""
+    plot(json.loads((out / f"{name}.json").read_text())["cells"] + _equal_cells(out),
+         out / f"{name}.png")
 
 
 def main() -> None:
@@ -135,7 +138,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--quick", action="store_true", help="1 seed each, 4 rounds: a smoke run")
+    ap.add_argument("--replot", action="store_true", help="redraw the figure from the JSON")
     args = ap.parse_args()
+    if args.replot:
+        replot(args.out, args.name)
+        return
     if args.quick:
         args.seeds, args.dirichlet_seeds, args.rounds = 1, 1, 4
     sets = tuple(s for s in SETS + EQUAL_SETS if s in args.sets)
@@ -158,12 +165,8 @@ def main() -> None:
     wall = time.perf_counter() - started
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    equal = None
-    t2 = RESULTS / "fstc_table2.json"
-    if t2.exists():
-        equal = json.loads(t2.read_text())["table2"]
     if any(s in SETS for s in sets):
-        plot(cells, out / f"{args.name}.png", equal)
+        plot(cells + _equal_cells(out), out / f"{args.name}.png")
     command = (f"python benchmarks/fstc_unequal.py --seeds {args.seeds} --dirichlet-seeds "
                f"{args.dirichlet_seeds} --rounds {args.rounds} --iterations {args.iterations} "
                f"--jobs {args.jobs}" + ("" if sets == SETS else f" --sets {' '.join(sets)}")
