@@ -658,6 +658,9 @@ class FSTCClusterer:
         Hard local centres after the last :meth:`fit` (mean representation per pseudo-label).
     counts_ : numpy.ndarray of shape (K,)
         Rows behind each of them.
+    predicted_counts_ : numpy.ndarray of shape (K,)
+        Rows the head itself puts in each cluster (argmax P) after the last :meth:`fit`, read
+        off the same forward pass as the centres.
     pseudo_labels_ : numpy.ndarray of shape (n, K)
         The current Q.
     weights_ : numpy.ndarray of shape (n,)
@@ -916,10 +919,11 @@ class FSTCClusterer:
     # -- outputs ---------------------------------------------------------------------------
     def local_centers(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
         """The hard local centres: mean Φ(x) of the rows whose pseudo-label (fresh OT labels of
-        the current model) is k, and their counts."""
+        the current model) is k, and their counts (also sets ``predicted_counts_``)."""
         H = self._embed(X)
         with torch.no_grad():
             log_p = torch.log_softmax(self.head_(H), dim=1).double().cpu().numpy()
+        self.predicted_counts_ = np.bincount(log_p.argmax(axis=1), minlength=self.n_clusters)
         labels = pseudo_labels(log_p, self.epsilon, self._tau).argmax(axis=1)
         return hard_centers(H.detach().cpu().numpy(), labels, self.n_clusters)
 

@@ -119,7 +119,7 @@ class FSTCClient(ClientFamily):
             out.update(self.model.get_arrays())
         h = self.model.history_[-1]
         # The head's own clusters (argmax P) against the sizes the transport asks for.
-        predicted = np.bincount(self.model.predict(self.inputs), minlength=self.n_clusters)
+        predicted = self.model.predicted_counts_
         sizes = size_signals(predicted, getattr(self.model, "marginal_", None))
         log.info("round %d: cluster sizes' entropy %.2f of its most (largest %.1f %%), %.2f "
                  "(total variation) from the transport's %s marginal", round_,
