@@ -582,7 +582,6 @@ class FSTCParams:
         for name in ("align_weight", "neighbor_weight", "neighbor_lsa_weight", "balance_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a number >= 0")
-
         for name in ("lr_head", "lr_encoder", "epsilon", "temperature", "marginal_weight"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a number > 0")
@@ -804,6 +803,12 @@ class FSTCClusterer:
         """τ of the transport's learned marginal; None: equal sizes."""
         return self.marginal_weight if self.marginal == "learned" else None
 
+    def _set_marginal(self, b: np.ndarray) -> None:
+        """Keep the transport's sizes b, and log b on the device for the balance term."""
+        self.marginal_ = np.asarray(b, dtype=np.float64)
+        self._log_marginal = torch.as_tensor(np.log(np.maximum(self.marginal_, 1e-12)),
+                                             dtype=torch.float32, device=self.device)
+
     def _refresh(self, X: Any) -> None:
         """Recompute Q, the transport's marginal (and, for rstc/fstc, the mixture weights w)
         over all rows."""
@@ -811,9 +816,7 @@ class FSTCClusterer:
             log_p = torch.log_softmax(self.head_(self._embed(X)), dim=1).double().cpu().numpy()
         xi = sinkhorn(log_p, self.epsilon, marginal_weight=self._tau)
         Q = sharpen(xi)
-        self.marginal_ = xi.sum(axis=0) / xi.sum()
-        self._log_marginal = torch.as_tensor(np.log(np.maximum(self.marginal_, 1e-12)),
-                                             dtype=torch.float32, device=self.device)
+        self._set_marginal(xi.sum(axis=0) / xi.sum())
         if self.variant == "stc":
             w, self._pi = np.ones(len(Q)), 1.0
         else:
@@ -985,10 +988,7 @@ class FSTCClusterer:
             Q, w = state["pseudo_labels"], state["weights"]
             self.pseudo_labels_, self.weights_, self._pi = Q, w, float(state["pi"])
             b = state.get("marginal")  # absent from snapshots of the equal-only versions
-            self.marginal_ = (np.full(Q.shape[1], 1.0 / Q.shape[1]) if b is None
-                              else np.asarray(b, dtype=np.float64))
-            self._log_marginal = torch.as_tensor(np.log(np.maximum(self.marginal_, 1e-12)),
-                                                 dtype=torch.float32, device=self.device)
+            self._set_marginal(np.full(Q.shape[1], 1.0 / Q.shape[1]) if b is None else b)
             self._q = torch.as_tensor(Q, dtype=torch.float32, device=self.device)
             self._w = torch.as_tensor(w, dtype=torch.float32, device=self.device)
 
