@@ -146,3 +146,8 @@ SECAGG_MAX_ATTEMPTS = 3
 #: How long a worker waits before asking again whether the next stage of a secure round is
 #: ready, should the master's ``secagg_stage`` word on PUB be lost (it asks at once on it).
 SECAGG_POLL_INTERVAL = 0.05
+
+#: Below this NMI between the final clusters and the k-FED start, the closing log and report
+#: say FSTC moved far from its start (on the benchmark sets it stays above 0.6; where it fell
+#: below, its accuracy had fallen under the start's: issue 29).
+FAR_FROM_START_NMI = 0.5

@@ -19,9 +19,8 @@ import numpy as np
 
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, config_to_dict
+from common.constants import FAR_FROM_START_NMI
 from common.data.embedding import embedding_identity
-from common.models.fstc import FAR_FROM_START_NMI
-from master.baselines import simulation_baselines
 from master.families import ServerFamily
 from master.report import comparison_rows, format_table
 
@@ -75,6 +74,8 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     sim = None
     if baselines:
         log.info("training the centralized baseline on the pooled data")
+        from master.baselines import simulation_baselines  # the models: only at the end
+
         sim = simulation_baselines(family)
         if sim is None:
             log.info("%s has no centralized baseline here (a real deployment, or a family "

@@ -1127,10 +1127,6 @@ class FederatedFSTC:
         return self.model_.predict(X)
 
 
-#: Below this NMI between the final clusters and the k-FED start, the closing log and report
-#: say FSTC moved far from its start (on the benchmark sets it stays above 0.6; where it fell
-#: below, its accuracy had fallen under the start's: issue 29).
-FAR_FROM_START_NMI = 0.5
 
 
 def size_signals(counts: np.ndarray, marginal: np.ndarray | None = None) -> dict[str, float]:

@@ -4,21 +4,22 @@
 from __future__ import annotations
 
 from common.config import ClusterConfig, ConfigError
-from common.plugins import family_half
+from common.plugins import LazyRegistry, family_half
 from common.secagg.ring import COMPRESSION_BITS
 from master.families.base import Payload, ServerFamily
-from master.families.fstc import FSTCServer
-from master.families.lda import LDAServer, SentenceLDAServer
-from master.families.mlp import MLPServer
-from master.families.nmf import NMFServer
-from master.families.ntm import CombinedTMServer, ProdLDAServer
 from master.strategies import make_strategy
 from master.strategies.dpfedavg import DPFedAvg
 
-SERVER_FAMILIES: dict[str, type[ServerFamily]] = {
-    cls.name: cls for cls in (MLPServer, NMFServer, ProdLDAServer, CombinedTMServer,
-                              FSTCServer, LDAServer, SentenceLDAServer)
-}
+#: The built-ins, imported when a job names one (a master runs one family).
+SERVER_FAMILIES = LazyRegistry({
+    "mlp": "master.families.mlp:MLPServer",
+    "nmf": "master.families.nmf:NMFServer",
+    "prodlda": "master.families.ntm:ProdLDAServer",
+    "combinedtm": "master.families.ntm:CombinedTMServer",
+    "fstc": "master.families.fstc:FSTCServer",
+    "lda": "master.families.lda:LDAServer",
+    "sentencelda": "master.families.lda:SentenceLDAServer",
+})
 
 
 def server_family_class(cfg: ClusterConfig) -> type[ServerFamily]:

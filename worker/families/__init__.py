@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from common.config import ClusterConfig
 from common.data.shards import LocalData
-from common.plugins import family_half
+from common.plugins import LazyRegistry, family_half
 from worker.families.base import ClientFamily, FitResult
-from worker.families.fstc import FSTCClient
-from worker.families.lda import LDAClient, SentenceLDAClient
-from worker.families.mlp import MLPClient
-from worker.families.nmf import NMFClient
-from worker.families.ntm import CombinedTMClient, ProdLDAClient
 
-CLIENT_FAMILIES: dict[str, type[ClientFamily]] = {
-    cls.name: cls for cls in (MLPClient, NMFClient, ProdLDAClient, CombinedTMClient,
-                              FSTCClient, LDAClient, SentenceLDAClient)
-}
+#: The built-ins, imported when a job names one (a worker runs one family).
+CLIENT_FAMILIES = LazyRegistry({
+    "mlp": "worker.families.mlp:MLPClient",
+    "nmf": "worker.families.nmf:NMFClient",
+    "prodlda": "worker.families.ntm:ProdLDAClient",
+    "combinedtm": "worker.families.ntm:CombinedTMClient",
+    "fstc": "worker.families.fstc:FSTCClient",
+    "lda": "worker.families.lda:LDAClient",
+    "sentencelda": "worker.families.lda:SentenceLDAClient",
+})
 
 
 def client_family_class(cfg: ClusterConfig) -> type[ClientFamily]:

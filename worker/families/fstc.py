@@ -19,12 +19,12 @@ from sklearn.metrics import normalized_mutual_info_score
 from threadpoolctl import threadpool_limits
 
 from common.config import ClusterConfig, build_params
+from common.constants import FAR_FROM_START_NMI
 from common.data.reading import DataError
 from common.data.shards import LocalData, sentence_features
 from common.models.fstc import (
     CENTERS,
     COUNTS,
-    FAR_FROM_START_NMI,
     FSTCClusterer,
     FSTCParams,
     centers_as_sum,
