@@ -78,9 +78,18 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     # Not in the acceptance's list; run on its own (--strategies multikrum): Krum's choice
     # averaged over the 3 most central updates.
     "multikrum": {"name": "krum", "num_malicious_clients": 1, "num_clients_to_keep": 3},
+    # The robust rules with nearest-neighbour mixing first (f = 1): --strategies
+    # fedavg,fedmedian_mix,fedtrimmedavg_mix,krum_mix --name robust_mixing
+    "fedmedian_mix": {"name": "fedmedian", "num_malicious_clients": 1, "mixing": True},
+    "fedtrimmedavg_mix": {"name": "fedtrimmedavg", "beta": 0.2, "num_malicious_clients": 1,
+                          "mixing": True},
+    "krum_mix": {"name": "krum", "num_malicious_clients": 1, "mixing": True},
 }
 LABELS = {"fedavg": "FedAvg", "fedmedian": "FedMedian", "fedtrimmedavg": "trimmed mean (β 0.2)",
-          "krum": "Krum (f = 1)", "multikrum": "Multi-Krum (f = 1, m = 3)"}
+          "krum": "Krum (f = 1)", "multikrum": "Multi-Krum (f = 1, m = 3)",
+          "fedmedian_mix": "FedMedian, mixed (f = 1)",
+          "fedtrimmedavg_mix": "trimmed mean (β 0.2), mixed (f = 1)",
+          "krum_mix": "Krum, mixed (f = 1)"}
 ATTACKS = ("signflip", "noise", "shift")
 ROBUST_TOLERANCE = 0.01  # acceptance: a robust rule within 1 point of its clean run
 
@@ -208,8 +217,8 @@ def pooled_f1(out: Path) -> float | None:
     return float(model.model_.score(np.concatenate(X), np.concatenate(y))["macro_f1"])
 
 
-def pooled_report(saved: Path, out: Path) -> str:
-    """``robust_pooled.md`` from a finished run's ``robust.json`` (its run folders must still
+def pooled_report(saved: Path, out: Path, name: str = "robust") -> str:
+    """``{name}_pooled.md`` from a finished run's ``{name}.json`` (its run folders must still
     exist): each run's :func:`pooled_f1`, and per strategy and attack the seed-mean Δ in points
     against the same seed's clean run [min … max]."""
     res = json.loads(saved.read_text())
@@ -232,13 +241,13 @@ def pooled_report(saved: Path, out: Path) -> str:
     md = "\n".join([
         "# Robust aggregation, scored on the pooled test documents", "",
         f"`{command_line(ROOT)}`", "",
-        f"The runs of [robust.md](robust.md) (`{res['command']}`, seeds {', '.join(seeds)}), "
+        f"The runs of [{name}.md]({name}.md) (`{res['command']}`, seeds {', '.join(seeds)}), "
         f"scored again: the final model's macro-F1 on the test documents of {', '.join(HONEST)} "
-        f"pooled, where robust.md averages each worker's own. Δ in points against the same "
+        f"pooled, where {name}.md averages each worker's own. Δ in points against the same "
         f"seed's clean run, mean [min … max] over the seeds.", "",
         "| strategy | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds), *rows, ""])
-    (out / "robust_pooled.md").write_text(md + "\n")
-    (out / "robust_pooled.json").write_text(json.dumps(
+    (out / f"{name}_pooled.md").write_text(md + "\n")
+    (out / f"{name}_pooled.json").write_text(json.dumps(
         {"|".join(k): v for k, v in score.items()}, indent=1))
     return md
 
@@ -358,7 +367,8 @@ def plot(results: dict[str, Any], attacks: list[str], seeds: list[int], path: Pa
 
     strategies = list(results)
     colors = {"fedavg": "#4c72b0", "fedmedian": "#dd8452", "fedtrimmedavg": "#55a868",
-              "krum": "#c44e52", "multikrum": "#8172b3"}
+              "krum": "#c44e52", "multikrum": "#8172b3", "fedmedian_mix": "#dd8452",
+              "fedtrimmedavg_mix": "#55a868", "krum_mix": "#c44e52"}
     names = {"signflip": "w5 sign flip ×10", "noise": "w5 Gaussian noise",
              "shift": "w5 shift +1"}
     width = 0.8 / len(strategies)
@@ -419,8 +429,8 @@ def plot(results: dict[str, Any], attacks: list[str], seeds: list[int], path: Pa
 
 def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str],
            seeds: list[int], done: list[int], command: str, source: dict[str, Any],
-           work: Path, wall: float, out: Path) -> str:
-    """Write ``robust.{md,json,png}`` in ``out`` from the seeds in ``done``; returns the md."""
+           work: Path, wall: float, out: Path, name: str = "robust") -> str:
+    """Write ``{name}.{md,json,png}`` in ``out`` from the seeds in ``done``; returns the md."""
     kinds = ["clean", *attacks]
     n = len(done)
     rows = [f"| {LABELS.get(s, s)} | "
@@ -499,7 +509,7 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
         "|---|" + "---|" * len(kinds),
         *rows,
         "",
-        "![Δ per strategy and attack, mean and per seed](robust.png)",
+        f"![Δ per strategy and attack, mean and per seed]({name}.png)",
         "",
         "Per seed (score per run; Δ in points against that seed's clean run):",
         "",
@@ -528,8 +538,8 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
     md = "\n".join(ln for i, ln in enumerate(lines)
                    if ln or not (i and not lines[i - 1]))  # no doubled blank lines
     out.mkdir(parents=True, exist_ok=True)
-    (out / "robust.md").write_text(md + "\n")
-    plot(results, attacks, done, out / "robust.png")
+    (out / f"{name}.md").write_text(md + "\n")
+    plot(results, attacks, done, out / f"{name}.png")
     res = {"command": command, "work": str(work), "wall_s": wall, "cpu_count": os.cpu_count(),
            "load_average_at_writing": os.getloadavg()[0], "source": source,
            "seeds_requested": seeds, "seeds_done": done, "workers": list(WORKERS),
@@ -538,7 +548,7 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
            "delta": "points, per seed against that seed's clean run",
            "acceptance": [{"strategy": s, "attack": a, "ok": ok} for s, a, ok in verdict],
            "strategies": results}
-    (out / "robust.json").write_text(json.dumps(res, indent=2, default=str))
+    (out / f"{name}.json").write_text(json.dumps(res, indent=2, default=str))
     return md
 
 
@@ -554,12 +564,15 @@ def main() -> None:
                     help="folder of the runs' configs, outputs and logs (default: a new one "
                          "under the temporary folder)")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--name", default="robust",
+                    help="stem of the files written in RESULTS (default robust: robust.md, "
+                         ".json, .png)")
     ap.add_argument("--pooled", action="store_true",
                     help="run nothing: score the runs of RESULTS/robust.json again on the "
                          "honest workers' test documents pooled (robust_pooled.md)")
     args = ap.parse_args()
     if args.pooled:
-        print(pooled_report(args.results / "robust.json", args.results))
+        print(pooled_report(args.results / f"{args.name}.json", args.results, args.name))
         return
     command = command_line(ROOT)
     strategies = args.strategies.split(",")
@@ -594,9 +607,9 @@ def main() -> None:
         done.append(seed)
         md = report(results, strategies=strategies, attacks=attacks, seeds=seeds, done=done,
                     command=command, source=source, work=work,
-                    wall=time.monotonic() - t_all, out=args.results)
+                    wall=time.monotonic() - t_all, out=args.results, name=args.name)
         print(f"seed {seed} done in {(time.monotonic() - t_seed) / 60:.1f} min; "
-              f"{args.results / 'robust.md'} written", flush=True)
+              f"{args.results / (args.name + '.md')} written", flush=True)
     print(md)
 
 

@@ -155,9 +155,8 @@ def trimmed_mean(arrays: Sequence[Arrays], beta: float) -> dict[str, np.ndarray]
             .astype(np.asarray(arrays[0][name]).dtype, copy=False) for name in arrays[0]}
 
 
-def krum_scores(arrays: Sequence[Arrays], num_malicious: int) -> np.ndarray:
-    """Krum's score of each client (Blanchard et al. 2017): the sum of the squared distances
-    from its arrays (all of them, as one vector) to its ``n − f − 2`` nearest (at least 1)."""
+def squared_distances(arrays: Sequence[Arrays]) -> np.ndarray:
+    """The clients' pairwise squared Euclidean distances, all their arrays as one vector."""
     n = len(arrays)
     if n == 0:
         raise ValueError("nothing to aggregate")
@@ -167,6 +166,44 @@ def krum_scores(arrays: Sequence[Arrays], num_malicious: int) -> np.ndarray:
         flat = np.stack([np.asarray(a[name], dtype=np.float64).reshape(-1) for a in arrays])
         gram += flat @ flat.T
     sq = np.diag(gram)
-    dist = np.maximum(sq[:, None] + sq[None, :] - 2 * gram, 0.0)
+    return np.maximum(sq[:, None] + sq[None, :] - 2 * gram, 0.0)
+
+
+def krum_scores(arrays: Sequence[Arrays], num_malicious: int) -> np.ndarray:
+    """Krum's score of each client (Blanchard et al. 2017): the sum of the squared distances
+    from its arrays (all of them, as one vector) to its ``n − f − 2`` nearest (at least 1)."""
+    dist = squared_distances(arrays)
+    n = len(arrays)
     closest = max(1, n - num_malicious - 2)
     return np.array([np.sort(np.delete(dist[i], i))[:closest].sum() for i in range(n)])
+
+
+def nearest_neighbor_mixing(arrays: Sequence[Arrays], num_malicious: int
+                            ) -> list[dict[str, np.ndarray]]:
+    """Each client's arrays replaced by the unweighted mean of its ``n − f`` nearest clients'
+    (itself among them): nearest-neighbour mixing (Allouah et al., AISTATS 2023).
+
+    Under skewed data honest updates are far apart, and a median or a trimmed mean pushed one
+    rank over by a single outlier is biased by that spread, round after round. Mixed, the
+    honest updates move close together (each the mean of mostly honest ones) while an outlier
+    stays out, so the robust rule applied next loses much less to a hostile minority; a
+    mixed client can carry at most ``f / (n − f)`` of an outlier's pull. Ties in distance go
+    to the client first in order, itself first.
+    """
+    n = len(arrays)
+    dist = squared_distances(arrays)
+    keep = max(1, n - num_malicious)
+    mix = np.zeros((n, n))
+    for i in range(n):
+        order = np.argsort(dist[i], kind="stable")
+        order = [i, *(j for j in order if j != i)][:keep]
+        mix[i, order] = 1.0 / keep
+    out: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
+    for name in arrays[0]:
+        first = np.asarray(arrays[0][name])
+        dtype = first.dtype if first.dtype.kind == "f" else np.dtype(np.float64)
+        flat = np.stack([np.asarray(a[name], dtype=dtype).reshape(-1) for a in arrays])
+        mixed = mix.astype(dtype) @ flat
+        for i in range(n):
+            out[i][name] = mixed[i].reshape(first.shape)
+    return out

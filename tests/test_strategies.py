@@ -440,3 +440,48 @@ def test_scaffold_two_rounds_by_hand_and_state_roundtrip():
     np.testing.assert_allclose(x2["x"], [5.5, 6.5])
     np.testing.assert_allclose(again.control_["x"], [3.0, 3.0])
     assert again.client_settings() == {"scaffold": True}
+
+
+def test_nearest_neighbor_mixing_by_hand():
+    from common.aggregate import nearest_neighbor_mixing
+
+    four = [{"x": np.array([v], np.float32)} for v in (0.0, 1.0, 2.0, 10.0)]
+    # f = 1: each the mean of its 3 nearest, itself first; ties to the first in order.
+    # 0 -> {0,1,2}; 1 -> {1,0,2}; 2 -> {2,1,0}; 10 -> {10,2,1}
+    mixed = [m["x"][0] for m in nearest_neighbor_mixing(four, 1)]
+    assert mixed == pytest.approx([1.0, 1.0, 1.0, 13 / 3])
+    assert [m["x"].dtype for m in nearest_neighbor_mixing(four, 1)] == [np.float32] * 4
+    # the robust rules on the mixed values: median of 1, 1, 1, 13/3 is 1 (plain: 1.5)
+    assert make_strategy("fedmedian").aggregate({}, _one([0, 1, 2, 10]))["x"][0] == 1.5
+    assert make_strategy("fedmedian", num_malicious_clients=1, mixing=True).aggregate(
+        {}, _one([0, 1, 2, 10]))["x"][0] == pytest.approx(1.0)
+    # f >= n - 1: each keeps only itself, the rule is unchanged
+    assert make_strategy("fedtrimmedavg", beta=0.25, num_malicious_clients=3, mixing=True
+                         ).aggregate({}, _one([0, 1, 2, 10]))["x"][0] == 1.5
+
+
+@pytest.mark.parametrize("name, params", [("fedmedian", {}), ("fedtrimmedavg", {"beta": 0.2}),
+                                          ("krum", {})])
+def test_mixing_makes_one_hostile_client_of_five_cost_nothing(name, params):
+    """Four honest updates spread apart (skewed data), one sign-flipped x10: plain, a robust
+    rule lands on one honest update or an order statistic of them; mixed (f = 1), each honest
+    update becomes the honest mean and the rule returns it."""
+    rng = np.random.default_rng(1)
+    honest = [{"x": (1 + 0.3 * rng.standard_normal(50)).astype(np.float32)} for _ in range(4)]
+    clients = results([*honest, {"x": -10 * honest[0]["x"]}], [100] * 5)
+    mean = np.mean([h["x"] for h in honest], axis=0)
+    plain = make_strategy(name, num_malicious_clients=1, **params).aggregate({}, clients)["x"]
+    mixed = make_strategy(name, num_malicious_clients=1, mixing=True, **params).aggregate(
+        {}, clients)["x"]
+    assert np.abs(plain - mean).max() > 0.05
+    np.testing.assert_allclose(mixed, mean, atol=1e-6)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"mixing": True}, "mixing needs num_malicious_clients >= 1"),
+    ({"mixing": "yes", "num_malicious_clients": 1}, "mixing must be true or false"),
+    ({"num_malicious_clients": -1}, "num_malicious_clients must be an integer >= 0")])
+@pytest.mark.parametrize("name", ["fedmedian", "fedtrimmedavg", "krum"])
+def test_mixing_settings_are_checked_in_one_line(name, params, match):
+    with pytest.raises(ValueError, match=match):
+        make_strategy(name, **params)

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from common.aggregate import nearest_neighbor_mixing
+
 
 @dataclass
 class ClientResult:
@@ -79,3 +81,26 @@ class Strategy(ABC):
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`state` returned."""
+
+
+def mixed_results(results: Sequence[ClientResult], mixing: bool, num_malicious: int
+                  ) -> Sequence[ClientResult]:
+    """``results`` with their arrays nearest-neighbour mixed (each the mean of its ``n − f``
+    nearest: :func:`common.aggregate.nearest_neighbor_mixing`) when ``mixing``, else as they
+    are. The robust rules' option for skewed data."""
+    if not mixing or len(results) < 2:
+        return results
+    mixed = nearest_neighbor_mixing([r.arrays for r in results], num_malicious)
+    return [ClientResult(r.worker_id, m, r.n_samples, r.extra)
+            for r, m in zip(results, mixed, strict=True)]
+
+
+def check_mixing(mixing: bool, num_malicious: int) -> None:
+    """The one-line errors for a robust rule's ``mixing`` and ``num_malicious_clients``."""
+    if not isinstance(mixing, bool):
+        raise ValueError(f"mixing must be true or false, got {mixing!r}")
+    if not isinstance(num_malicious, int) or isinstance(num_malicious, bool) or num_malicious < 0:
+        raise ValueError(f"num_malicious_clients must be an integer >= 0, got {num_malicious!r}")
+    if mixing and num_malicious == 0:
+        raise ValueError("mixing needs num_malicious_clients >= 1 (the hostile workers to "
+                         "tolerate): with 0 every update would be mixed into the plain mean")

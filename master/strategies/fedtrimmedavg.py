@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from common.aggregate import trimmed_mean
-from master.strategies.base import ClientResult, Strategy
+from master.strategies.base import ClientResult, Strategy, check_mixing, mixed_results
 
 
 class FedTrimmedAvg(Strategy):
@@ -19,16 +19,27 @@ class FedTrimmedAvg(Strategy):
     ----------
     beta : float, default 0.2
         Share cut from each end, in [0, 0.5).
+    num_malicious_clients : int, default 0
+        f, the hostile clients to tolerate; only ``mixing`` uses it.
+    mixing : bool, default False
+        Replace each update by the mean of its ``n − f`` nearest before trimming
+        (nearest-neighbour mixing, Allouah et al. 2023; not in Flower): see
+        :class:`~master.strategies.fedmedian.FedMedian`. Needs f >= 1.
     """
 
     name = "fedtrimmedavg"
     secure_aggregation_refusal = "it must see each update to trim the extremes"
 
-    def __init__(self, beta: float = 0.2) -> None:
+    def __init__(self, beta: float = 0.2, num_malicious_clients: int = 0,
+                 mixing: bool = False) -> None:
         if not 0 <= beta < 0.5:
             raise ValueError(f"beta must be in [0, 0.5), got {beta}")
+        check_mixing(mixing, num_malicious_clients)
         self.beta = beta
+        self.num_malicious_clients = num_malicious_clients
+        self.mixing = mixing
 
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
+        results = mixed_results(results, self.mixing, self.num_malicious_clients)
         return trimmed_mean([r.arrays for r in results], self.beta)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from common.aggregate import krum_scores, weighted_average
-from master.strategies.base import ClientResult, Strategy
+from master.strategies.base import ClientResult, Strategy, check_mixing, mixed_results
 
 
 class Krum(Strategy):
@@ -22,22 +22,30 @@ class Krum(Strategy):
         f, the hostile clients to tolerate; the guarantee needs n > 2f + 2.
     num_clients_to_keep : int, default 0
         0: Krum; m > 0: Multi-Krum over the best m.
+    mixing : bool, default False
+        Replace each update by the mean of its ``n − f`` nearest before scoring
+        (nearest-neighbour mixing, Allouah et al. 2023; not in Flower): Krum then takes a
+        mean of mostly honest updates rather than one worker's. Needs f >= 1.
     """
 
     name = "krum"
     secure_aggregation_refusal = "it must see each update to score their distances"
 
-    def __init__(self, num_malicious_clients: int = 0, num_clients_to_keep: int = 0) -> None:
+    def __init__(self, num_malicious_clients: int = 0, num_clients_to_keep: int = 0,
+                 mixing: bool = False) -> None:
         for key, value in (("num_malicious_clients", num_malicious_clients),
                            ("num_clients_to_keep", num_clients_to_keep)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+        check_mixing(mixing, num_malicious_clients)
         self.num_malicious_clients = num_malicious_clients
         self.num_clients_to_keep = num_clients_to_keep
+        self.mixing = mixing
         self.last_kept_: list[str] = []
 
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
+        results = mixed_results(results, self.mixing, self.num_malicious_clients)
         scores = krum_scores([r.arrays for r in results], self.num_malicious_clients)
         order = np.argsort(scores, kind="stable")
         if self.num_clients_to_keep > 0:
