@@ -429,10 +429,12 @@ def plot(results: dict[str, Any], attacks: list[str], seeds: list[int], path: Pa
 
 def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str],
            seeds: list[int], done: list[int], command: str, source: dict[str, Any],
-           work: Path, wall: float, out: Path, name: str = "robust") -> str:
+           work: Path, wall: float, out: Path, name: str = "robust",
+           load: float | None = None) -> str:
     """Write ``{name}.{md,json,png}`` in ``out`` from the seeds in ``done``; returns the md."""
     kinds = ["clean", *attacks]
     n = len(done)
+    load = os.getloadavg()[0] if load is None else load  # a rewritten report keeps the run's
     rows = [f"| {LABELS.get(s, s)} | "
             + " | ".join(cell(results, s, k, n) for k in kinds) + " |" for s in results]
     seed_rows = [f"| {LABELS.get(s, s)} | {seed} | "
@@ -495,7 +497,7 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
         f"clean one. Embeddings from the user's cache (first run's worker logs say 'cache "
         f"hit': {'all' if all(first.values()) else first}; any run embedding: "
         f"{'yes' if embedded else 'no'}). {os.cpu_count()} CPU cores shared with other work "
-        f"(load average {os.getloadavg()[0]:.1f} at this writing), {wall / 60:.1f} min in "
+        f"(load average {load:.1f} at this writing), {wall / 60:.1f} min in "
         f"all. Code: commit {source['commit']}"
         f"{' + ' + ', '.join(source['changes']) if source['changes'] else ''} in `{ROOT}`. "
         f"Work folder: `{work}` (`seed<N>/<strategy>/<attack>/`).",
@@ -527,12 +529,14 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
         "",
         screen_note,
         "",
-        f"Acceptance, on the seed-mean Δ ({n} seed{'s' if n > 1 else ''}): FedAvg falls "
-        f"(more than 1 point under its clean run) under {', '.join(fedavg_falls) or 'no attack'}"
-        f"{'' if len(fedavg_falls) == len(attacks) else ' only'}"
-        f"{'; not under ' + ', '.join(fedavg_holds) if fedavg_holds else ''}; robust rules "
-        f"within 1 point of their clean run: "
-        f"{(held and 'all') or 'none measured' if not robust_fail else held or 'none'}"
+        f"Acceptance, on the seed-mean Δ ({n} seed{'s' if n > 1 else ''}): "
+        + ("FedAvg was not run here (robust.md has it)" if "fedavg" not in results else
+           f"FedAvg falls (more than 1 point under its clean run) under "
+           f"{', '.join(fedavg_falls) or 'no attack'}"
+           f"{'' if len(fedavg_falls) == len(attacks) else ' only'}"
+           f"{'; not under ' + ', '.join(fedavg_holds) if fedavg_holds else ''}")
+        + "; robust rules within 1 point of their clean run: "
+        + f"{(held and 'all') or 'none measured' if not robust_fail else held or 'none'}"
         f"{'' if not robust_fail else '; not ' + ', '.join(robust_fail)}.",
     ]
     md = "\n".join(ln for i, ln in enumerate(lines)
@@ -541,7 +545,7 @@ def report(results: dict[str, Any], *, strategies: list[str], attacks: list[str]
     (out / f"{name}.md").write_text(md + "\n")
     plot(results, attacks, done, out / f"{name}.png")
     res = {"command": command, "work": str(work), "wall_s": wall, "cpu_count": os.cpu_count(),
-           "load_average_at_writing": os.getloadavg()[0], "source": source,
+           "load_average_at_writing": load, "source": source,
            "seeds_requested": seeds, "seeds_done": done, "workers": list(WORKERS),
            "scored_workers": list(HONEST), "hostile": HOSTILE,
            "score": "mean over w1..w4 of summary.json federated_macro_f1",
@@ -570,7 +574,22 @@ def main() -> None:
     ap.add_argument("--pooled", action="store_true",
                     help="run nothing: score the runs of RESULTS/robust.json again on the "
                          "honest workers' test documents pooled (robust_pooled.md)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: write RESULTS/NAME.{md,png} again from NAME.json")
     args = ap.parse_args()
+    if args.report_only:
+        saved = json.loads((args.results / f"{args.name}.json").read_text())
+        results = {s: {"strategy": sr["strategy"],
+                       "runs": {k: {int(seed): r for seed, r in by_seed.items()}
+                                for k, by_seed in sr["runs"].items()}}
+                   for s, sr in saved["strategies"].items()}
+        kinds = list(next(iter(results.values()))["runs"])
+        print(report(results, strategies=list(results), attacks=kinds[1:],
+                     seeds=saved["seeds_requested"], done=saved["seeds_done"],
+                     command=saved["command"], source=saved["source"], work=Path(saved["work"]),
+                     wall=saved["wall_s"], out=args.results, name=args.name,
+                     load=saved["load_average_at_writing"]))
+        return
     if args.pooled:
         print(pooled_report(args.results / f"{args.name}.json", args.results, args.name))
         return

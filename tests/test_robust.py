@@ -2,11 +2,12 @@
 
 Five workers (mlp on the test's 600 documents, Dirichlet topic skew, multiclass), one of them a
 poisoner (tests/poisoner.py). Its sign-flipped update (x10) wrecks FedAvg (macro-F1 0.91 -> 0.13
-when measured); FedMedian, trimmed mean (beta 0.2) and Krum (f = 1) keep the model. They do not
-keep it within 1 point of their clean run here: with four skewed honest workers, a median or a
-trimmed mean pushed one rank over by the outlier is biased (measured: FedMedian -4, trimmed
-mean -10 points; benchmarks/robust.py has the full-size job). Its constant shift is so far out
-that the master's own screening leaves it out, whatever the strategy. Master and workers run
+when measured); FedMedian, trimmed mean (beta 0.2) and Krum (f = 1) with nearest-neighbour mixing
+keep the model, near their clean run. Without mixing they keep it too, but with four skewed
+honest workers a median or a trimmed mean pushed one rank over by the outlier is biased
+(measured here: FedMedian -4, trimmed mean -10 points; benchmarks/robust.py has the full-size
+job, with and without mixing). Its constant shift is so far out that the master's own
+screening leaves it out, whatever the strategy. Master and workers run
 on threads of this process and talk ZeroMQ over TCP loopback (each job as processes would cost
 more in start-up than in training).
 """
@@ -32,9 +33,10 @@ HONEST = ["w1", "w2", "w3", "w4"]
 #: about 0.6-0.8): the one-vs-rest default on so few documents never leaves "rest".
 MODEL = {"family": "mlp", "hidden": 64, "local_epochs": 20}
 ROUNDS = 15
-ROBUST = {"fedmedian": {"name": "fedmedian"},
-          "fedtrimmedavg": {"name": "fedtrimmedavg", "beta": 0.2},
-          "krum": {"name": "krum", "num_malicious_clients": 1}}
+MIXED = {"num_malicious_clients": 1, "mixing": True}
+ROBUST = {"fedmedian": {"name": "fedmedian", **MIXED},
+          "fedtrimmedavg": {"name": "fedtrimmedavg", "beta": 0.2, **MIXED},
+          "krum": {"name": "krum", **MIXED}}
 
 
 def _final_f1(cache: Path, folder: Path, strategy: dict[str, Any], attack: str | None
@@ -80,7 +82,8 @@ def test_a_sign_flipped_update_wrecks_fedavg_and_not_the_robust_rules(
     for name, strategy in ROBUST.items():
         mine = _final_f1(embed_cache, tmp_path / f"{name}-clean", strategy, None)
         held = _final_f1(embed_cache, tmp_path / name, strategy, "signflip")
-        assert held >= mine - 0.15 and held > wrecked + 0.3, (name, mine, held, wrecked)
+        # within 1 point of its own clean run (measured: 0.913 held, 0.891 clean, for all three)
+        assert held >= mine - 0.01 and held > wrecked + 0.3, (name, mine, held, wrecked)
 
 
 def test_a_shifted_update_is_left_out_by_the_master_itself(embed_cache: Path, tmp_path: Path,
