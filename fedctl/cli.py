@@ -189,6 +189,7 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
         _limit_threads(threads)
     from common.net.transport import PeerUnreachable, RemoteError
     from worker.client import Worker
+    from worker.devices import GPUMemoryError
 
     if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
         _limit_threads(threads, report=True)
@@ -198,7 +199,8 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
         Worker(cfg, worker_id, data_path=data, device=device).run()
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
         _fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
-    except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable) as exc:
+    except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable,
+            GPUMemoryError) as exc:
         _fail(exc)  # SecurityError is a ValueError
     except Exception as exc:  # anything else ends the worker in one line too
         logging.getLogger("fedctl.worker").debug("worker failed", exc_info=True)

@@ -44,6 +44,7 @@ from common.net.transport import (
 from common.net.wire import Message, ProtocolError
 from common.privacy.dp import clip_update
 from common.secagg.crypto import ShareDecryptionError
+from worker import devices
 from worker.families import ClientFamily, make_client_family
 from worker.secagg import SecAggError, SecureUpload
 from worker.snapshots import Snapshots
@@ -369,13 +370,26 @@ class Worker:
         every = self.cfg.eval_every
         t0 = time.perf_counter()
         meta, model = split_payload(body["meta"], msg.arrays)
-        scores = (self.family.evaluate(meta, model)
-                  if every and (rnd - 1) % every == 0 else {})
-        eval_time = time.perf_counter() - t0
-        result = self.family.fit(rnd, meta, model)
+        devices.reset_peak(self.device)
+        try:
+            scores = (self.family.evaluate(meta, model)
+                      if every and (rnd - 1) % every == 0 else {})
+            eval_time = time.perf_counter() - t0
+            result = self.family.fit(rnd, meta, model)
+        except Exception as exc:
+            if devices.is_out_of_memory(exc):
+                raise devices.GPUMemoryError(devices.out_of_memory_message(
+                    self.worker_id, self.device, rnd, self.family.name,
+                    self.cfg.family_params, self.cfg.source)) from None
+            raise
         metrics = {**{k: float(v) for k, v in scores.items()},
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
+        # Where the round really ran: a tensor made without device= trains on the CPU.
+        for key, value in (("tensors_on_gpu", devices.tensors_on_gpu(self.family)),
+                           ("gpu_peak_mb", devices.peak_mb(self.device))):
+            if value is not None:
+                metrics[key] = value
         if isinstance(body.get("sent_at"), float):  # PUB: serialize + wire + queue + decode
             metrics["broadcast_s"] = max(0.0, self._received_at - body["sent_at"])
         arrays = result.arrays

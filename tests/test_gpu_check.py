@@ -1,0 +1,76 @@
+"""benchmarks/gpu_check.py's CPU path, and where a worker's training really ran (issue #31).
+
+The script runs each family's example through ``fedctl run`` with every worker on cuda and on
+cpu. Here, on any machine: one family, two rounds, 600 documents. Without CUDA its cuda column
+says so and nothing runs there; with CUDA the workers' tensors must all have been on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_on_any_machine(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--families", "mlp",
+                           "--rounds", "2", "--limit", "600", "--work", str(tmp_path / "work"),
+                           "--results", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu_check.json").read_text())["results"]["mlp"]
+    cpu = res["cpu"]
+    assert cpu["rounds"] == 2 and cpu["error"] is None
+    assert 0 < cpu["final"] <= 1 and cpu["train_s_per_round"] > 0
+    assert cpu["tensors_on_gpu_min"] == 0.0  # measured, and nothing on a GPU
+    assert cpu["gpu_peak_mb_max"] is None
+    md = (tmp_path / "gpu_check.md").read_text()
+    if torch.cuda.is_available():
+        assert res["cuda"]["tensors_on_gpu_min"] == 1.0, res["cuda"]
+        assert res["cuda"]["gpu_peak_mb_max"] > 0
+    else:
+        assert "CUDA is not available" in res["cuda"]["skipped"]
+        assert "| mlp | macro_f1 | not run (no CUDA) |" in md
+
+
+def test_tensor_placement_and_out_of_memory_line() -> None:
+    from worker import devices
+
+    class Family:
+        def __init__(self) -> None:
+            self.model = type("Model", (), {})()
+            self.model.model_ = torch.nn.Linear(4, 2)  # found one level down, as in MLPClient
+            self.x_train = torch.zeros(10)
+            self.name = "mlp"
+
+    assert devices.tensors_on_gpu(Family()) == 0.0
+    assert devices.tensors_on_gpu(type("NoTorch", (), {"topics": [1, 2]})()) is None
+    assert devices.peak_mb("cpu") is None
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert devices.is_out_of_memory(oom) and not devices.is_out_of_memory(MemoryError())
+    line = devices.out_of_memory_message("w2", "cuda:0", 3, "mlp", {"batch_size": 64},
+                                         "cluster.yaml")
+    assert line == ("w2: CUDA out of memory on cuda:0 in round 3 (mlp): lower "
+                    "model.batch_size (now 64) in cluster.yaml, or set this worker's "
+                    "device: cpu")
+
+
+def test_a_worker_asked_for_cuda_without_it_stops_in_one_line(make_config, tmp_path: Path
+                                                              ) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    config = make_config(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "fedctl", "worker", "--config", str(config),
+                           "--id", "w1", "--device", "cuda"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "device 'cuda' requested but CUDA is not available" in errors[0]
+    assert "Traceback" not in proc.stderr
