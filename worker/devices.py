@@ -15,6 +15,9 @@ from typing import Any
 #: How deep to look for tensors from the family: its attributes (a model, a tensor of
 #: documents) and theirs (a scikit-learn-style model's ``model_``, ``head_``).
 SEARCH_DEPTH = 2
+#: Items of a list looked at: lists of layers are short, and a list of documents must not
+#: cost a round a pass over it.
+LIST_ITEMS = 64
 
 
 def _tensors(obj: Any, depth: int, seen: set[int]) -> Iterator[Any]:
@@ -28,7 +31,7 @@ def _tensors(obj: Any, depth: int, seen: set[int]) -> Iterator[Any]:
     elif isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)) and depth < SEARCH_DEPTH:
-        for item in obj:
+        for item in obj[:LIST_ITEMS]:
             yield from _tensors(item, depth + 1, seen)
     elif depth < SEARCH_DEPTH and hasattr(obj, "__dict__") and not isinstance(obj, type):
         for value in vars(obj).values():
