@@ -74,3 +74,42 @@ def test_a_worker_asked_for_cuda_without_it_stops_in_one_line(make_config, tmp_p
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and "device 'cuda' requested but CUDA is not available" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_cuda_out_of_memory_in_training_ends_the_worker_in_one_line(embed_cache: Path,
+                                                                    tmp_path: Path) -> None:
+    """A real master and worker over loopback; the worker's training raises torch's own
+    CUDA out-of-memory error (as a GPU that is too small does): the worker stops with one line
+    naming its batch size, not a traceback, and the master is left to its deadline."""
+    import threading
+
+    from common.config import parse_config
+    from master.server import DONE, Master
+    from tests.conftest import config_dict
+    from worker import devices
+    from worker.client import Worker
+
+    cfg = parse_config(config_dict(tmp_path / "out", embed_cache, workers=["w1"], rounds=2,
+                                   model={"family": "mlp", "batch_size": 32}),
+                       source=str(tmp_path / "cluster.yaml"))
+    master = Master(cfg)
+    master.bind()
+    server = threading.Thread(target=master.serve, daemon=True)
+    server.start()
+    worker = Worker(cfg, "w1")
+
+    def fit(*_args: object) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    worker.family.fit = fit  # type: ignore[method-assign]
+    try:
+        with pytest.raises(devices.GPUMemoryError) as caught:
+            worker.run()
+    finally:
+        master.phase = DONE  # its loop ends at its next tick; the job is not the subject
+        server.join(timeout=30)
+        master.close()
+    assert str(caught.value) == (
+        f"w1: CUDA out of memory on cpu in round 1 (mlp): lower model.batch_size (now 32) in "
+        f"{tmp_path / 'cluster.yaml'}, or set this worker's device: cpu")
