@@ -5,9 +5,10 @@ and 3 workers as processes on loopback, once with every worker at ``device: cuda
 ``device: cpu``, same seed, same data. From the run's own records it reports, per family:
 
 * whether the workers really trained on the GPU: the share of the family's torch tensors that
-  lived on a CUDA device after each round's training (``tensors_on_gpu`` in the workers'
-  round metrics; 0 on the CPU, absent for the families that do not use torch: lda and
-  sentencelda), and the peak GPU memory a round allocated (``gpu_peak_mb``);
+  lived on a CUDA device after a round's training (``tensors_on_gpu`` in the workers'
+  metrics of the first round and every tenth after it; 0 on the CPU, absent for the families
+  that do not use torch: lda and sentencelda), and the peak GPU memory a round allocated
+  (``gpu_peak_mb``);
 * the final metric on both devices and their difference (macro-F1 for the classifiers and
   NMF's topic features, ACC for FSTC, held-out perplexity for the topic models: mean over the
   workers of ``summary.json``'s federated column);

@@ -53,6 +53,9 @@ def test_tensor_placement_and_out_of_memory_line() -> None:
     assert devices.tensors_on_gpu(Family()) == 0.0
     assert devices.tensors_on_gpu(type("NoTorch", (), {"topics": [1, 2]})()) is None
     assert devices.peak_mb("cpu") is None
+    # Counted on round 1 and every CHECK_EVERY-th after it, not on every round.
+    assert [r for r in range(1, 25) if devices.check_due(r)] == [1, 1 + devices.CHECK_EVERY,
+                                                                 1 + 2 * devices.CHECK_EVERY]
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert devices.is_out_of_memory(oom) and not devices.is_out_of_memory(MemoryError())
     line = devices.out_of_memory_message("w2", "cuda:0", 3, "mlp", {"batch_size": 64},

@@ -386,7 +386,8 @@ class Worker:
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         # Where the round really ran: a tensor made without device= trains on the CPU.
-        for key, value in (("tensors_on_gpu", devices.tensors_on_gpu(self.family)),
+        on_gpu = devices.tensors_on_gpu(self.family) if devices.check_due(rnd) else None
+        for key, value in (("tensors_on_gpu", on_gpu),
                            ("gpu_peak_mb", devices.peak_mb(self.device))):
             if value is not None:
                 metrics[key] = value
