@@ -22,7 +22,6 @@ from common.data.reading import DataError, TextDataset, make_task, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 DBPEDIA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
-DBPEDIA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
 
 
 @pytest.fixture(scope="module")
