@@ -82,3 +82,41 @@ def test_a_snapshot_replays_the_next_round_exactly(name: str, tmp_path: Path,
     for key, array in second.arrays.items():
         assert np.array_equal(array, again.arrays[key]), (
             f"{key}: max |diff| {np.abs(np.asarray(array) - again.arrays[key]).max()}")
+
+
+def test_snapshots_write_over_the_files_they_no_longer_need(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    from worker.snapshots import Snapshots
+
+    snaps = Snapshots(tmp_path / "w1", "w1")
+    assert not snaps.adopt("run-a")
+    rng = np.random.default_rng(0)
+    trees = {r: {"moments": rng.standard_normal(1000 + 100 * (r % 2)), "step": r,
+                 "counts": torch.arange(r, dtype=torch.int64), "mask": np.ones(3, bool)}
+             for r in range(1, 7)}  # odd rounds longer: a file written over must be cut short
+    inodes = {}
+    for r in range(1, 7):
+        keep = r - 1 if r != 4 else 1  # a master whose checkpoint is round 1 asks for 1 back
+        snaps.save(r, trees[r], keep=keep)
+        inodes[r] = snaps._path(r).stat().st_ino
+    # What a resumed master may ask for stays: the newest at or before keep, and after it.
+    assert snaps.rounds() == [5, 6]
+    # Each new round went into the oldest file no longer wanted, which existed until then.
+    assert (inodes[3], inodes[5], inodes[6]) == (inodes[1], inodes[2], inodes[4])
+    for r in (5, 6):
+        back = snaps.load(r)
+        assert back["step"] == r and np.array_equal(back["moments"], trees[r]["moments"])
+        assert torch.equal(back["counts"], trees[r]["counts"]) and back["mask"].dtype == bool
+    assert sorted(p.name for p in snaps.folder.iterdir()) == [
+        "RUN", "round-000005.safetensors", "round-000006.safetensors"]
+    assert len(load_file(str(snaps._path(6)))) == 3  # the safetensors layout, as its reader reads
+    # A cut file is refused in one line; a write cut short by a kill leaves a temp file, which
+    # the next registration removes.
+    data = snaps._path(6).read_bytes()
+    snaps._path(6).write_bytes(data[: len(data) - 8])
+    with pytest.raises(ValueError, match="not a state file"):
+        snaps.load(6)
+    (snaps.folder / ".round-000007.safetensors.abc123.tmp").write_bytes(b"half")
+    assert snaps.adopt("run-a")
+    assert not list(snaps.folder.glob("*.tmp"))

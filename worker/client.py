@@ -404,8 +404,7 @@ class Worker:
         if self.snapshots is not None and self.family.snapshot_due(meta):
             # Before the update leaves: a worker killed after sending has its state on disk.
             t0 = time.perf_counter()
-            self.snapshots.save(rnd, self._state())
-            self.snapshots.prune(int(body.get("keep", rnd - 1)))
+            self.snapshots.save(rnd, self._state(), keep=int(body.get("keep", rnd - 1)))
             metrics["snapshot_time"] = time.perf_counter() - t0
         self.state_round = rnd
         secure = body.get("secagg")

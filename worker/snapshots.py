@@ -8,10 +8,12 @@ its snapshot of then and trains as if nothing had happened. A restarted worker l
 snapshot. The master also says which snapshots it can no longer ask for (``keep``), and they are
 deleted, so a folder holds the few rounds since the last checkpoint.
 
-One file a round, ``round-000012.npz`` (:mod:`common.state`), written before the round's update
-is sent: a worker killed after sending has the state its update came from. A family may skip
-the rounds whose state is never gone back to (``snapshot_due``: the middle of a synchronous
-step, which is redone from its start).
+One file a round, ``round-000012.safetensors`` (:mod:`common.state`), written before the round's
+update is sent: a worker killed after sending has the state its update came from. It is written
+over the oldest file no longer wanted, in place: a new file's pages cost more to write than the
+state itself (1.6 M parameters' Adam moments: 12 ms as a new ``.npz``, 1 ms over an old file).
+A family may skip the rounds whose state is never gone back to (``snapshot_due``: the middle
+of a synchronous step, which is redone from its start).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from common import state
 
 log = logging.getLogger("fedctl.worker")
 
-_NAME = re.compile(r"^round-(\d{6,})\.npz$")
+_NAME = re.compile(r"^round-(\d{6,})\.safetensors$")
 RUN_FILE = "RUN"  # the run the snapshots belong to
 
 
@@ -45,7 +47,7 @@ class Snapshots:
         self.worker_id = worker_id
 
     def _path(self, round_: int) -> Path:
-        return self.folder / f"round-{round_:06d}.npz"
+        return self.folder / f"round-{round_:06d}.safetensors"
 
     def rounds(self) -> list[int]:
         """The rounds there is a snapshot after, oldest first."""
@@ -59,6 +61,10 @@ class Snapshots:
         job's state must not leak into this one). True when there are some to use."""
         marker = self.folder / RUN_FILE
         known = marker.read_text().strip() if marker.is_file() else None
+        if self.folder.is_dir():
+            # A write cut short by a kill leaves its temp file; earlier versions wrote .npz.
+            for old in (*self.folder.glob(".round-*.tmp"), *self.folder.glob("round-*.npz")):
+                old.unlink(missing_ok=True)
         if known != run_id:
             for r in self.rounds():
                 self._path(r).unlink(missing_ok=True)
@@ -66,9 +72,14 @@ class Snapshots:
             marker.write_text(run_id + "\n")
         return bool(self.rounds())
 
-    def save(self, round_: int, tree: Any) -> None:
-        """The state after round ``round_`` (0: after the pre-training exchange)."""
-        state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_})
+    def save(self, round_: int, tree: Any, keep: int | None = None) -> None:
+        """The state after round ``round_`` (0: after the pre-training exchange); with ``keep``,
+        :meth:`prune` as well, the oldest file it would delete written over instead."""
+        stale = [] if keep is None else [r for r in self._stale(keep) if r != round_]
+        state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_},
+                   reuse=self._path(stale[0]) if stale else None)
+        if keep is not None:
+            self.prune(keep)
 
     def load(self, round_: int) -> Any:
         header, tree = state.load(self._path(round_))
@@ -88,11 +99,14 @@ class Snapshots:
                 self._path(r).unlink(missing_ok=True)
         return older[-1], self.load(older[-1])
 
+    def _stale(self, keep: int) -> list[int]:
+        """What no resumed master can ask for: the rounds before the newest at or before
+        ``keep``, oldest first."""
+        return [r for r in self.rounds() if r <= keep][:-1]
+
     def prune(self, keep: int) -> None:
         """Delete what no resumed master can ask for: everything older than the newest
         snapshot at or before round ``keep``."""
-        rounds = self.rounds()
-        older = [r for r in rounds if r <= keep]
-        for r in older[:-1]:
+        for r in self._stale(keep):
             with contextlib.suppress(FileNotFoundError):
                 self._path(r).unlink()
