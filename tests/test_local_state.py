@@ -102,14 +102,15 @@ def test_snapshots_write_over_the_files_they_no_longer_need(tmp_path: Path) -> N
         inodes[r] = snaps._path(r).stat().st_ino
     # What a resumed master may ask for stays: the newest at or before keep, and after it.
     assert snaps.rounds() == [5, 6]
-    # Each new round went into the oldest file no longer wanted, which existed until then.
-    assert (inodes[3], inodes[5], inodes[6]) == (inodes[1], inodes[2], inodes[4])
+    # Each new round went into a file no longer wanted, which existed until then: round 1's
+    # (the oldest unwanted) for 3, round 2's for 5, and for 6 the spare kept of round 3's.
+    assert (inodes[3], inodes[5], inodes[6]) == (inodes[1], inodes[2], inodes[1])
     for r in (5, 6):
         back = snaps.load(r)
         assert back["step"] == r and np.array_equal(back["moments"], trees[r]["moments"])
         assert torch.equal(back["counts"], trees[r]["counts"]) and back["mask"].dtype == bool
     assert sorted(p.name for p in snaps.folder.iterdir()) == [
-        "RUN", "round-000005.safetensors", "round-000006.safetensors"]
+        ".spare-000004", "RUN", "round-000005.safetensors", "round-000006.safetensors"]
     assert len(load_file(str(snaps._path(6)))) == 3  # the safetensors layout, as its reader reads
     # A cut file is refused in one line; a write cut short by a kill leaves a temp file, which
     # the next registration removes.
@@ -119,4 +120,4 @@ def test_snapshots_write_over_the_files_they_no_longer_need(tmp_path: Path) -> N
         snaps.load(6)
     (snaps.folder / ".round-000007.safetensors.abc123.tmp").write_bytes(b"half")
     assert snaps.adopt("run-a")
-    assert not list(snaps.folder.glob("*.tmp"))
+    assert not list(snaps.folder.glob(".*"))  # neither temp nor spare files

@@ -6,14 +6,15 @@ holds. A resumed master goes back to its checkpoint's round, and every round it 
 which round's worker state it builds on (``base``): a worker whose state is newer goes back to
 its snapshot of then and trains as if nothing had happened. A restarted worker loads its newest
 snapshot. The master also says which snapshots it can no longer ask for (``keep``), and they are
-deleted, so a folder holds the few rounds since the last checkpoint.
+deleted (up to two kept as spare files, for later snapshots to be written over), so a folder
+holds the few rounds since the last checkpoint.
 
 One file a round, ``round-000012.safetensors`` (:mod:`common.state`), written before the round's
 update is sent: a worker killed after sending has the state its update came from. It is written
-over the oldest file no longer wanted, in place: a new file's pages cost more to write than the
-state itself (1.6 M parameters' Adam moments: 12 ms as a new ``.npz``, 1 ms over an old file).
-A family may skip the rounds whose state is never gone back to (``snapshot_due``: the middle
-of a synchronous step, which is redone from its start).
+over a spare or the oldest file no longer wanted, in place: a new file's pages cost more to
+write than the state itself (1.6 M parameters' Adam moments: 12 ms as a new ``.npz``, 1 ms over
+an old file). A family may skip the rounds whose state is never gone back to
+(``snapshot_due``: the middle of a synchronous step, which is redone from its start).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ log = logging.getLogger("fedctl.worker")
 
 _NAME = re.compile(r"^round-(\d{6,})\.safetensors$")
 RUN_FILE = "RUN"  # the run the snapshots belong to
+#: Unwanted snapshots kept, as hidden spare files, for later ones to be written over: a master
+#: whose checkpoint lags frees several rounds at once, then none for a while.
+SPARES = 2
 
 
 class Snapshots:
@@ -63,7 +67,8 @@ class Snapshots:
         known = marker.read_text().strip() if marker.is_file() else None
         if self.folder.is_dir():
             # A write cut short by a kill leaves its temp file; earlier versions wrote .npz.
-            for old in (*self.folder.glob(".round-*.tmp"), *self.folder.glob("round-*.npz")):
+            for old in (*self.folder.glob(".round-*.tmp"), *self.folder.glob("round-*.npz"),
+                        *self._spares()):
                 old.unlink(missing_ok=True)
         if known != run_id:
             for r in self.rounds():
@@ -74,12 +79,17 @@ class Snapshots:
 
     def save(self, round_: int, tree: Any, keep: int | None = None) -> None:
         """The state after round ``round_`` (0: after the pre-training exchange); with ``keep``,
-        :meth:`prune` as well, the oldest file it would delete written over instead."""
+        :meth:`prune` as well. Written over a spare file, or the oldest one it would delete."""
         stale = [] if keep is None else [r for r in self._stale(keep) if r != round_]
+        spares = self._spares()
+        reuse = spares[0] if spares else self._path(stale[0]) if stale else None
         state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_},
-                   reuse=self._path(stale[0]) if stale else None)
+                   reuse=reuse)
         if keep is not None:
             self.prune(keep)
+
+    def _spares(self) -> list[Path]:
+        return sorted(self.folder.glob(".spare-*")) if self.folder.is_dir() else []
 
     def load(self, round_: int) -> Any:
         header, tree = state.load(self._path(round_))
@@ -106,7 +116,12 @@ class Snapshots:
 
     def prune(self, keep: int) -> None:
         """Delete what no resumed master can ask for: everything older than the newest
-        snapshot at or before round ``keep``."""
+        snapshot at or before round ``keep`` (up to :data:`SPARES` of them kept as spares)."""
+        spares = len(self._spares())
         for r in self._stale(keep):
             with contextlib.suppress(FileNotFoundError):
-                self._path(r).unlink()
+                if spares < SPARES:
+                    self._path(r).rename(self.folder / f".spare-{r:06d}")
+                    spares += 1
+                else:
+                    self._path(r).unlink()
