@@ -32,16 +32,19 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: b
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if reuse is not None and Path(reuse).resolve() == target.resolve():
+        reuse = None  # the file being replaced must stay whole until the new one is
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fh: BinaryIO | None = None
     try:
-        # mkstemp creates 0600 files; give the result the usual permissions of a new file.
-        os.fchmod(fd, 0o644)
-        fh: BinaryIO
         if reuse is not None and _take_over(reuse, tmp_name):
             os.close(fd)
             fh = open(tmp_name, "r+b")  # noqa: SIM115 - closed by the with below
         else:
             fh = open(fd, "wb")  # noqa: SIM115
+        # mkstemp creates 0600 files (a file taken over has its own mode); give the result
+        # the usual permissions of a new file.
+        os.fchmod(fh.fileno(), 0o644)
         with fh:
             write(fh)
             fh.truncate()  # a file taken over may have been longer
@@ -50,6 +53,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: b
                 os.fsync(fh.fileno())
         os.replace(tmp_name, target)
     except BaseException:
+        if fh is None:  # the descriptor was never handed to a file object
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
@@ -65,10 +71,13 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: b
 
 
 def _take_over(old: str | Path, tmp_name: str) -> bool:
-    """Rename ``old`` over the (empty) temp file; False where it is gone."""
+    """Rename ``old`` over the (empty) temp file; False where it cannot be (gone, a folder,
+    another filesystem): a new file is written instead."""
+    if not Path(old).is_file():
+        return False
     try:
         os.replace(old, tmp_name)
-    except FileNotFoundError:
+    except OSError:
         return False
     return True
 

@@ -22,6 +22,8 @@ from common.atomic import atomic_write
 
 #: The metadata entry that holds the tree's document and the caller's header.
 _META = "fedctl_state"
+#: The largest header safetensors reads (its own limit): beyond it, a file saves but won't load.
+MAX_HEADER = 100_000_000
 #: numpy's dtypes as the safetensors format names them (those state trees hold).
 _DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
            "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32",
@@ -87,7 +89,8 @@ def save(path: str | Path, tree: Any, header: Mapping[str, Any] | None = None,
     are written over in place).
 
     Not fsynced: these files outlive a killed process (the page cache keeps them), which is
-    what they are for; a power cut costs at most the newest one.
+    what they are for. A power cut can leave the newest one wrong, all the more when it was
+    written over an old file in place (its blocks are not ordered before the rename).
     """
     # hand-written writer (the reader is safetensors'): safetensors' save_file makes a new file,
     # and an old one written over is what makes a snapshot cheap (200 MB: 36 ms against 454)
@@ -96,8 +99,10 @@ def save(path: str | Path, tree: Any, header: Mapping[str, Any] | None = None,
     raw: list[np.ndarray] = []
     offset = 0
     for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
-        if a.dtype.name not in _DTYPES or a.dtype.byteorder == ">":
+        a = np.asarray(a, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        if a.dtype.name not in _DTYPES:
             raise TypeError(f"cannot save an array of {a.dtype} in a state file")
         entries[name] = {"dtype": _DTYPES[a.dtype.name], "shape": list(a.shape),
                          "data_offsets": [offset, offset + a.nbytes]}
@@ -106,6 +111,9 @@ def save(path: str | Path, tree: Any, header: Mapping[str, Any] | None = None,
     entries["__metadata__"] = {_META: json.dumps({"header": dict(header or {}), "tree": doc})}
     head = json.dumps(entries).encode()
     head += b" " * (-len(head) % 8)  # the arrays start 8-byte aligned, as the format asks
+    if len(head) > MAX_HEADER:
+        raise ValueError(f"a state tree's document of {len(head):,} bytes: safetensors reads "
+                         f"at most {MAX_HEADER:,} (put large data in arrays)")
 
     def write(fh: BinaryIO) -> None:
         fh.write(struct.pack("<Q", len(head)))

@@ -53,7 +53,7 @@ def test_tensor_placement_and_out_of_memory_line() -> None:
     assert devices.tensors_on_gpu(Family()) == 0.0
     assert devices.tensors_on_gpu(type("NoTorch", (), {"topics": [1, 2]})()) is None
     assert devices.peak_mb("cpu") is None
-    # Counted on round 1 and every CHECK_EVERY-th after it, not on every round.
+    # Counted on a worker's first round and every CHECK_EVERY-th it trains, not on every one.
     assert [r for r in range(1, 25) if devices.check_due(r)] == [1, 1 + devices.CHECK_EVERY,
                                                                  1 + 2 * devices.CHECK_EVERY]
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -66,11 +66,12 @@ def test_a_snapshot_replays_the_next_round_exactly(name: str, tmp_path: Path,
     a = _worker(cfg, setup)  # scores each payload before training on it, as a worker does
     a.evaluate(first.meta, first.arrays)
     a.fit(1, first.meta, first.arrays)
-    save(tmp_path / "after-1.npz", {"family": a.local_state(), "rng": torch.get_rng_state()})
+    save(tmp_path / "after-1.safetensors",
+         {"family": a.local_state(), "rng": torch.get_rng_state()})
     a.evaluate(first.meta, first.arrays)
     second = a.fit(2, first.meta, first.arrays)
 
-    _, tree = load(tmp_path / "after-1.npz")
+    _, tree = load(tmp_path / "after-1.safetensors")
     b = _worker(cfg, setup)
     b.load_local_state(tree["family"])
     torch.set_rng_state(tree["rng"])
@@ -121,3 +122,36 @@ def test_snapshots_write_over_the_files_they_no_longer_need(tmp_path: Path) -> N
     (snaps.folder / ".round-000007.safetensors.abc123.tmp").write_bytes(b"half")
     assert snaps.adopt("run-a")
     assert not list(snaps.folder.glob(".*"))  # neither temp nor spare files
+
+
+def test_state_files_keep_shapes_and_byte_order_and_leak_nothing(tmp_path: Path) -> None:
+    import os
+
+    from common.atomic import atomic_write
+
+    # 0-d arrays and tensors stay 0-d (an Adam step, a batch norm's count), big-endian input
+    # comes back equal, a transposed tensor in its own order.
+    tree = {"step": torch.tensor(7.0), "n": np.array(3, dtype=np.int64),
+            "be": np.arange(5, dtype=">f8"), "t": torch.arange(6.0).reshape(2, 3).T}
+    save(tmp_path / "s.safetensors", tree)
+    _, back = load(tmp_path / "s.safetensors")
+    assert back["step"].shape == () and back["n"].shape == () and int(back["n"]) == 3
+    assert np.array_equal(back["be"], np.arange(5.0)) and torch.equal(back["t"], tree["t"])
+
+    # A file to write over that cannot be taken (a folder) falls back to a new file and leaks
+    # no descriptor; one that is the target itself is not taken, so a failed write keeps it.
+    fds = len(os.listdir("/proc/self/fd"))
+    (tmp_path / "folder").mkdir()
+    for _ in range(5):
+        atomic_write(tmp_path / "x.bin", lambda fh: fh.write(b"new"), reuse=tmp_path / "folder")
+    assert (tmp_path / "x.bin").read_bytes() == b"new"
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+    def fail(fh: Any) -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(tmp_path / "x.bin", fail, reuse=tmp_path / "x.bin")
+    assert (tmp_path / "x.bin").read_bytes() == b"new"
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "s.safetensors", "x.bin"]

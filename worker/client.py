@@ -137,6 +137,7 @@ class Worker:
         self.run_id: str | None = None
         self.ready = False  # set up by the pre-training exchange
         self.last_round = 0  # the last round this worker uploaded (or gave up on)
+        self._trained = 0  # rounds trained: the device check counts these, not global rounds
         self.incarnation: str | None = None
         self.sub: zmq.Socket | None = None
         self.req: LazyPirateClient | None = None
@@ -386,7 +387,9 @@ class Worker:
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
         # Where the round really ran: a tensor made without device= trains on the CPU.
-        on_gpu = devices.tensors_on_gpu(self.family) if devices.check_due(rnd) else None
+        self._trained += 1  # a worker sampled out of rounds 1, 11, 21... is checked too
+        on_gpu = (devices.tensors_on_gpu(self.family) if devices.check_due(self._trained)
+                  else None)
         for key, value in (("tensors_on_gpu", on_gpu),
                            ("gpu_peak_mb", devices.peak_mb(self.device))):
             if value is not None:

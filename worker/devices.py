@@ -18,14 +18,16 @@ SEARCH_DEPTH = 2
 #: Items of a list looked at: lists of layers are short, and a list of documents must not
 #: cost a round a pass over it.
 LIST_ITEMS = 64
-#: Rounds between two looks (the first round is looked at): a look walks the family's tensors
-#: in Python, 0.4 ms on ProdLDA, 6 % of a synchronous worker's time when taken every round.
+#: Rounds a worker trains between two looks (its first is looked at): a look walks the
+#: family's tensors in Python, 0.4 ms on ProdLDA, 6 % of a synchronous worker's time when taken
+#: every round.
 CHECK_EVERY = 10
 
 
-def check_due(round_: int) -> bool:
-    """Whether round ``round_`` (from 1) is one whose tensors :func:`tensors_on_gpu` counts."""
-    return (round_ - 1) % CHECK_EVERY == 0
+def check_due(trained: int) -> bool:
+    """Whether the ``trained``-th round this worker trains (from 1) is one whose tensors
+    :func:`tensors_on_gpu` counts."""
+    return (trained - 1) % CHECK_EVERY == 0
 
 
 def _tensors(obj: Any, depth: int, seen: set[int]) -> Iterator[Any]:
