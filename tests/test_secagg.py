@@ -483,9 +483,11 @@ def test_a_secure_run_ends_where_the_plain_run_does(family: str, tmp_path: Path,
     # relative). ProdLDA's encoder biases feed a batch norm, which cancels their gradient:
     # Adam then steps by lr times the sign of rounding noise, so they (and the running means
     # that follow them) may move by ~lr (2e-3) where the rest of the model agrees to 1e-7
-    # (measured); its scores must agree all the same.
-    loose = ({"f_mu.bias", "f_sigma.bias", "bn_mu.running_mean", "bn_sigma.running_mean"}
-             if family.startswith("prodlda") else set())
+    # (measured); its scores must agree all the same. The prior's mean is pulled by the
+    # batch-normalized posterior means, which sum to zero over a batch: the same rounding noise
+    # (seen once: 1.2e-5 off after two steps).
+    loose = ({"f_mu.bias", "f_sigma.bias", "bn_mu.running_mean", "bn_sigma.running_mean",
+              "prior_mean"} if family.startswith("prodlda") else set())
     for name in plain:
         np.testing.assert_allclose(secure[name], plain[name], rtol=1e-4,
                                    atol=1e-2 if name in loose else atol, err_msg=name)
