@@ -133,15 +133,24 @@ class MLPClassifier:
             nn.Linear(input_dim, hidden), nn.ReLU(), nn.Linear(hidden, n_classes)
         ).to(device)
         self._gen = gen
-        opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-        self.optimizer_ = opt[optimizer](self.model_.parameters(), lr=lr,
-                                         weight_decay=weight_decay)
+        self._optimizer: torch.optim.Optimizer | None = None
         self.last_loss_ = float("nan")
         self.dp = dp
         self.dp_steps_ = 0
         # On the model's device: Opacus draws the noise where the gradients are.
         self._dp_gen = (torch.Generator(device=device).manual_seed(secrets.randbits(63))
                         if dp is not None else None)
+
+    @property
+    def optimizer_(self) -> torch.optim.Optimizer:
+        """The optimizer, built at first use: a torch optimizer imports torch's compiler
+        (torch._dynamo, about 1 s of CPU) when first called, which the master and ``fedctl
+        use``, which only read and write weights, should not wait for."""
+        if self._optimizer is None:
+            opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+            self._optimizer = opt[self.optimizer](self.model_.parameters(), lr=self.lr,
+                                                  weight_decay=self.weight_decay)
+        return self._optimizer
 
     # -- parameters as named numpy arrays: what travels on the wire ------------------------
     def get_arrays(self, copy: bool = True) -> dict[str, np.ndarray]:
