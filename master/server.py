@@ -122,6 +122,7 @@ class Master:
         self._join_started = time.monotonic()
         self._report_deadline = 0.0
         self._next_announce = 0.0
+        self._announced_at = -float("inf")
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
         self._training_since = 0.0  # when training started (or resumed)
@@ -196,7 +197,6 @@ class Master:
         now = time.monotonic()
         if now >= self._next_announce:
             self._announce()
-            self._next_announce = now + C.ANNOUNCE_INTERVAL
         timeout = max(0, min(C.POLL_INTERVAL_MS, int((self._next_announce - now) * 1000)))
         if self.rep.poll(timeout, zmq.POLLIN):
             # Serve what is waiting, but no more than a turn's share: a peer that keeps the
@@ -221,6 +221,8 @@ class Master:
              topic=M.TOPIC_ANNOUNCE)
 
     def _announce(self) -> None:
+        self._announced_at = time.monotonic()
+        self._next_announce = self._announced_at + C.ANNOUNCE_INTERVAL
         send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,
                                     "phase": self.phase, "round": self.round,
                                     "version": self.version, "rounds": self.cfg.rounds,
@@ -627,7 +629,12 @@ class Master:
                                        self._with_strategy_arrays(p.arrays),
                                        topic=M.TOPIC_ROUND)
         rnd.publish_time = time.perf_counter() - t0
-        self._announce()  # tell late or lossy subscribers at once that a round is open
+        # Tell late or lossy subscribers at once that a round is open (or within
+        # ANNOUNCE_MIN_GAP, where the last announcement was that recent).
+        self._next_announce = min(self._next_announce,
+                                  self._announced_at + C.ANNOUNCE_MIN_GAP)
+        if time.monotonic() >= self._next_announce:
+            self._announce()
 
     def _start_secure(self, rnd: RoundState, attempt: int) -> None:
         """A secure round's bookkeeping (master/secagg.py), for a first or a later attempt."""
