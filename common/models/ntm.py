@@ -371,12 +371,21 @@ class NeuralTopicModel:
             torch.random.set_rng_state(gen_state)
         self.net_.to(device=self.device, dtype=self._torch_dtype)
         self.vocab_size_ = vocab_size
-        self.optimizer_ = torch.optim.Adam(self._trainable(), lr=self.lr,
-                                           betas=(self.beta1, 0.999))
+        self._optimizer: torch.optim.Optimizer | None = None
         self.noise_ = torch.Generator(device="cpu").manual_seed(self.random_state)
         self.steps_ = 0
         self.last_loss_ = math.nan
         return self
+
+    @property
+    def optimizer_(self) -> torch.optim.Optimizer:
+        """Adam on the trainable parameters, built at first use: a torch optimizer imports
+        torch's compiler (torch._dynamo, about 1 s of CPU) when first called, which a master
+        that only averages weights (``mode: fedavg``) should not wait for."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self._trainable(), lr=self.lr,
+                                               betas=(self.beta1, 0.999))
+        return self._optimizer
 
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.net_.parameters() if p.requires_grad]

@@ -286,7 +286,8 @@ class ProdLDAServer(VocabularyServer):
         if self.model_ is None:
             return {}, {}
         arrays: dict[str, np.ndarray] = {}
-        opt = self.model_.optimizer_.state_dict()["state"]
+        # Only a synchronous run steps the master's optimizer (a fedavg run never builds it).
+        opt = self.model_.optimizer_.state_dict()["state"] if self.params.mode == "sync" else {}
         steps = {}
         for i, st in opt.items():
             # Copies: on the CPU .numpy() shares the tensor's memory, which Adam updates in
@@ -310,12 +311,13 @@ class ProdLDAServer(VocabularyServer):
         self.reducer_ = None  # rebuilt on the restored model
         weights = {n[len("weights."):]: a for n, a in arrays.items() if n.startswith("weights.")}
         self.model_.initialize(len(vocab)).set_arrays(weights or self.global_.arrays)
-        sd = self.model_.optimizer_.state_dict()
-        sd["state"] = {int(i): {"step": torch.tensor(s),
-                                "exp_avg": torch.as_tensor(arrays[f"adam.{i}.exp_avg"]),
-                                "exp_avg_sq": torch.as_tensor(arrays[f"adam.{i}.exp_avg_sq"])}
-                       for i, s in meta.get("adam_steps", {}).items()}
-        self.model_.optimizer_.load_state_dict(sd)
+        if meta.get("adam_steps"):
+            sd = self.model_.optimizer_.state_dict()
+            sd["state"] = {int(i): {"step": torch.tensor(s),
+                                    "exp_avg": torch.as_tensor(arrays[f"adam.{i}.exp_avg"]),
+                                    "exp_avg_sq": torch.as_tensor(arrays[f"adam.{i}.exp_avg_sq"])}
+                           for i, s in meta["adam_steps"].items()}
+            self.model_.optimizer_.load_state_dict(sd)
         # A step the checkpoint caught mid-way is redone: its statistics were not kept.
         self._start_step()
 
