@@ -46,6 +46,30 @@ def _fail(exc: BaseException) -> None:
     raise click.ClickException(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
+def _end() -> None:
+    """End a command that succeeded now, without the interpreter's teardown.
+
+    Freeing torch's, scikit-learn's and matplotlib's modules at exit takes 0.6-1.5 s (measured:
+    `import torch` then exit, 1.85 s; then `os._exit`, 1.12 s), which `fedctl run` waits for in
+    the master, the workers and itself. What the teardown would still do for us is done first:
+    the exit handlers (logging's, the trackers') run and the streams are flushed. A process
+    with a thread still at work exits the usual way, which waits for it.
+    """
+    import atexit
+    import threading
+
+    main_thread = threading.main_thread()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread):
+        sys.exit(0)
+    atexit._run_exitfuncs()  # public since Python 2 in all but name; logging.shutdown is one
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it anyway
+            pass
+    os._exit(0)
+
+
 _config = click.option("--config", "-c", default="cluster.yaml", show_default=True,
                        type=click.Path(dir_okay=False), help="Cluster description.")
 _overrides = click.option(
@@ -111,6 +135,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     finally:
         if "server" in locals():
             server.close()
+    _end()
 
 
 def _draw_curves(out: Path) -> None:
@@ -206,6 +231,7 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
         logging.getLogger("fedctl.worker").debug("worker failed", exc_info=True)
         _fail(RuntimeError(f"{worker_id} stopped: {type(exc).__name__}: {exc} (--log-level "
                            f"debug shows where)"))
+    _end()
 
 
 @main.command()
@@ -247,6 +273,7 @@ def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: in
         _fail(exc)
     if code:
         sys.exit(code)
+    _end()
 
 
 @main.command()
