@@ -1,5 +1,5 @@
 """``python -m fedctl``: the command line."""
 
-from fedctl.cli import main
+from fedctl.cli import entry
 
-main()
+entry()

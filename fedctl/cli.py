@@ -46,21 +46,32 @@ def _fail(exc: BaseException) -> None:
     raise click.ClickException(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
+#: Whether this process is the ``fedctl`` command itself (:func:`entry`), which
+#: :func:`_end` may end at once; not so when :func:`main` is called from other code.
+_OWN_PROCESS = False
+
+
 def _end() -> None:
     """End a command that succeeded now, without the interpreter's teardown.
 
     Freeing torch's, scikit-learn's and matplotlib's modules at exit takes 0.6-1.5 s (measured:
     `import torch` then exit, 1.85 s; then `os._exit`, 1.12 s), which `fedctl run` waits for in
     the master, the workers and itself. What the teardown would still do for us is done first:
-    the exit handlers (logging's, the trackers') run and the streams are flushed. A process
-    with a thread still at work exits the usual way, which waits for it.
+    the exit handlers (logging's, the trackers') run and the streams are flushed. It returns
+    instead (the usual exit follows) where a thread is still at work, which that exit waits
+    for, under a profiler or tracer, which writes its results then, and where :func:`main` was
+    called from other code rather than as the command (:func:`entry`).
     """
     import atexit
     import threading
 
     main_thread = threading.main_thread()
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread):
-        sys.exit(0)
+    if (not _OWN_PROCESS  # called in-process (a test's CliRunner): return to the caller
+            or sys.getprofile() is not None or sys.gettrace() is not None  # cProfile writes
+            # its file at the usual exit (fedctl bench --profile)
+            or any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                   if t is not main_thread)):
+        return
     atexit._run_exitfuncs()  # public since Python 2 in all but name; logging.shutdown is one
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -426,5 +437,14 @@ def _register_subcommands() -> None:
 
 _register_subcommands()
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``fedctl`` command (and ``python -m fedctl``, ``python -m fedctl.cli``): :func:`main`
+    in a process of its own, which a command that succeeded may end without the
+    interpreter's teardown (:func:`_end`)."""
+    global _OWN_PROCESS
+    _OWN_PROCESS = True
     main()
+
+
+if __name__ == "__main__":
+    entry()
