@@ -19,9 +19,14 @@ setup: $(VENV)/.installed
 demo: setup               ## set up, then run the default cluster (cluster.yaml) on this machine
 	$(VENV)/bin/fedctl run --config cluster.yaml
 
+# Two tests at a time (pytest-xdist): a cluster test spends much of its time waiting on its
+# processes' start and its rounds' timers, so two share two cores well (the whole suite on this
+# 2-core machine: 1,339 s one at a time, 959 s two at a time). `pytest` alone runs them in turn.
+TEST_PROCESSES ?= 2
+
 test: setup               ## set up, then lint and run the whole test suite
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_PROCESSES)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from common.net.transport import free_ports
 from master.families import SERVER_FAMILIES
 from tests.conftest import ROOT, run_fedctl
 
@@ -84,7 +85,11 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
     family = _family(example)
     out = tmp_path / "out"
     tracked = example.stem == "mlp_multiclass"  # one run tracks to TensorBoard and MLflow
+    # Ports of its own rather than the examples' 5555 / 5556, which another test (or another
+    # program on this machine) may be using meanwhile.
+    pub, rep = free_ports(2)
     sets = [f"--set={s}" for s in ["workers=[w1, w2]", "min_workers=2", "data.limit=600",
+                                   f"master.pub_port={pub}", f"master.rep_port={rep}",
                                    *SMALL[family]]]
     if tracked:
         sets += ["--set=tracking.tensorboard=true", "--set=tracking.mlflow=true"]
