@@ -174,9 +174,11 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
     """
     rounds = 6
     # join_timeout: the master starts with min_workers this long after the first registration;
-    # local_epochs slows rounds a little so that pausing w2 lands before the job could end.
+    # local_epochs slows rounds a little so that pausing w2 lands before the job could end;
+    # heartbeat_timeout: the paused w2 is not dropped (which would let its round close) however
+    # long w3 takes to start on a busy machine (over 5 s, the default, with two tests at a time).
     cfg = make_config(tmp_path, workers=3, rounds=rounds, min_workers=2, join_timeout=2,
-                      model={"family": "mlp", "local_epochs": 20})
+                      heartbeat_timeout=60, model={"family": "mlp", "local_epochs": 20})
     raw = yaml.safe_load(cfg.read_text())
     rep = f"tcp://127.0.0.1:{raw['master']['rep_port']}"
     patient = tmp_path / "workers.yaml"
