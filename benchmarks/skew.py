@@ -101,7 +101,7 @@ def pooled_federated(cfg_path: Path, out: Path) -> float:
     ``master.baselines.mlp_baselines`` scores its "federated" row."""
     from common.config import load_config
     from common.data.shards import local_data, sentence_features
-    from common.models.mlp import MLPParams
+    from common.models.mlp_params import MLPParams
 
     cfg = load_config(cfg_path)
     shards = {w.name: local_data(cfg, w.name) for w in cfg.workers}

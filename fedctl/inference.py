@@ -97,7 +97,7 @@ class Classifier(TrainedModel):
     def __init__(self, run: Run, device: str = "cpu") -> None:
         super().__init__(run, device)
         from common.config import build_params
-        from common.models.mlp import MLPParams
+        from common.models.mlp_params import MLPParams
 
         self.classes_ = list(self.setup["classes"])
         params = build_params(MLPParams, self.params, f"{run.path}/model.json: params")

@@ -20,7 +20,7 @@ from common.config import (
     load_config,
     parse_config,
 )
-from common.models.mlp import MLPParams
+from common.models.mlp_params import MLPParams
 from master.strategies import make_strategy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,7 @@ def _final_f1(cfg_path: Path) -> float:
     common set of 600, large enough that one document is not a point of F1."""
     from common.config import load_config
     from common.data.shards import local_data, sentence_features
-    from common.models.mlp import MLPParams
+    from common.models.mlp_params import MLPParams
 
     cfg = load_config(cfg_path)
     data = local_data(cfg, "w1")

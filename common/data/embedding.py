@@ -53,13 +53,13 @@ def resolve_device(device: str = "auto") -> str:
     DataError
         If CUDA is asked for but not available, or the name is not one of the above.
     """
+    name = device.strip().lower()
+    if name in ("cpu", "mps"):  # (before torch: a cache hit on the CPU never imports it)
+        return name
     import torch  # lazy: importing torch takes seconds, and not every caller embeds
 
-    name = device.strip().lower()
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name in ("cpu", "mps"):
-        return name
     if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
         if not torch.cuda.is_available():
             raise DataError(f"device '{device}' requested but CUDA is not available")

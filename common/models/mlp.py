@@ -10,7 +10,6 @@ import math
 import secrets
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,57 +17,10 @@ import torch
 from torch import nn
 
 from common.eval.classification import classification_metrics
+from common.models.mlp_params import OPTIMIZERS
 from common.models.proximal import anchor_of, proximal_term
 from common.privacy.dp import DPSGDParams, sgd_sample_rate
 from common.state import generator_state, set_generator_state
-
-OPTIMIZERS = ("adam", "sgd", "adamw")
-
-
-@dataclass
-class MLPParams:
-    """Hyperparameters of the ``mlp`` family (the ``model`` section of cluster.yaml).
-
-    Parameters
-    ----------
-    hidden : int, default 256
-        Width of the hidden layer.
-    local_epochs : int, default 1
-        Passes over a worker's data per round.
-    batch_size : int, default 64
-    optimizer : {"adam", "adamw", "sgd"}, default "adam"
-    lr : float, default 1e-3
-    weight_decay : float, default 0.0
-    max_classes : int, default 1000
-        Most classes the master accepts in the workers' class lists (their union included): a
-        longer list is refused at registration, before it can reach every worker.
-    """
-
-    hidden: int = 256
-    local_epochs: int = 1
-    batch_size: int = 64
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    max_classes: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, "
-                             f"got {self.optimizer!r}")
-        for name in ("hidden", "local_epochs", "batch_size", "max_classes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected an integer >= 1")
-        if self.lr <= 0:
-            raise ValueError("lr: expected a number > 0")
-
-    def classifier(self, input_dim: int, n_classes: int, device: str = "cpu",
-                   random_state: int = 0, dp: DPSGDParams | None = None) -> MLPClassifier:
-        """A fresh classifier with these hyperparameters (trained by DP-SGD with ``dp``)."""
-        return MLPClassifier(input_dim, n_classes, hidden=self.hidden, epochs=self.local_epochs,
-                             batch_size=self.batch_size, optimizer=self.optimizer, lr=self.lr,
-                             weight_decay=self.weight_decay, device=device,
-                             random_state=random_state, dp=dp)
 
 
 # hand-written: a torch loop, not sklearn's MLP: named weights travel, Adam state persists

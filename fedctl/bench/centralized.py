@@ -26,7 +26,7 @@ def centralized_times(cfg: ClusterConfig, threads: int) -> dict[str, Any]:
 
     from common.config import build_params
     from common.data.shards import local_data, sentence_features, worker_seed
-    from common.models.mlp import MLPParams
+    from common.models.mlp_params import MLPParams
     from common.models.numerics import flush_denormals
 
     flush_denormals()  # as the workers train, so that the times compare

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from common.config import ClusterConfig, build_params
-from common.models.mlp import MLPParams
+from common.models.mlp_params import MLPParams
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily

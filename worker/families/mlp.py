@@ -12,7 +12,8 @@ from common.config import ClusterConfig, build_params
 from common.constants import SCAFFOLD_CHANGE as CHANGE
 from common.constants import SCAFFOLD_CONTROL as CONTROL
 from common.data.shards import LocalData, sentence_features
-from common.models.mlp import MLPClassifier, MLPParams
+from common.models.mlp import MLPClassifier
+from common.models.mlp_params import MLPParams
 from common.privacy.dp import epsilon, sgd_sample_rate, sgd_steps_per_round
 from worker.families.base import ClientFamily, FitResult
 
