@@ -224,6 +224,9 @@ class Master:
         self._announced_at = time.monotonic()
         self._next_announce = self._announced_at + C.ANNOUNCE_INTERVAL
         send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,
+                                    # so that a worker of another job leaves before it says
+                                    # anything about its documents (see Worker._register)
+                                    "family": self.cfg.family,
                                     "phase": self.phase, "round": self.round,
                                     "version": self.version, "rounds": self.cfg.rounds,
                                     "open": self.open is not None,

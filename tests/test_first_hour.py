@@ -269,6 +269,31 @@ def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
     assert threads == max(1, (os.cpu_count() or 1) // here), found[0]
 
 
+def test_a_worker_of_another_job_leaves_before_it_registers(make_config: MakeConfig,
+                                                            tmp_path: Path) -> None:
+    """Two jobs on one pair of ports: a topic model's worker meets a classifier's master. It
+    ends in one line naming both families, and the master never hears from it (its
+    registration would carry its vocabulary)."""
+    classifier = make_config(tmp_path, workers=2, name="classifier.yaml")
+    ports = yaml.safe_load(classifier.read_text())["master"]
+    topics = make_config(tmp_path, workers=2, name="topics.yaml", master=ports,
+                         model={"family": "nmf", "n_topics": 4})
+    log = tmp_path / "master.log"
+    with open(log, "w") as fh:
+        master = subprocess.Popen(fedctl_command("master", "--config", str(classifier)),
+                                  cwd=ROOT, env=child_env(), stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        proc = _fedctl("worker", "--config", str(topics), "--id", "w1", "--threads", "1",
+                       "--log-level", "warning", timeout=120)
+        assert _one_line_error(proc) == (
+            f"Error: the master at tcp://127.0.0.1:{ports['pub_port']} runs a mlp job, and "
+            f"{topics} says model.family nmf: is another job's master on these ports? "
+            f"(nothing was sent)")
+    finally:
+        kill_tree(master)
+    assert "registered w1" not in log.read_text() and "refused" not in log.read_text()
+
+
 def test_refused_worker_ends_with_one_line(make_config: MakeConfig, tmp_path: Path) -> None:
     config = make_config(tmp_path, workers=2, model={"family": "nmf", "n_topics": 4})
     own = tmp_path / "own.jsonl"

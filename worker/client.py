@@ -24,7 +24,7 @@ import torch
 import zmq
 
 from common import constants as C
-from common.config import ClusterConfig
+from common.config import ClusterConfig, ConfigError
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.data.embedding import resolve_device
 from common.data.shards import local_data, worker_seed
@@ -222,6 +222,14 @@ class Worker:
         return msg
 
     def _register(self, announce: Message) -> None:
+        theirs = announce.body.get("family")
+        if theirs is not None and theirs != self.cfg.family:
+            # Two jobs on one pair of ports, or a worker given another job's master: its
+            # registration (class lists, a vocabulary) would tell that master about its
+            # documents, and be refused field by field.
+            raise ConfigError(f"the master at {self.cfg.master.pub_endpoint} runs a {theirs} "
+                              f"job, and {self.cfg.source} says model.family {self.cfg.family}:"
+                              f" is another job's master on these ports? (nothing was sent)")
         info = self.family.registration_info()
         reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
                                            "device": self.device, "info": info})
