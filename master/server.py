@@ -225,8 +225,9 @@ class Master:
         self._next_announce = self._announced_at + C.ANNOUNCE_INTERVAL
         send(self.pub, M.ANNOUNCE, {"run_id": self.run_id, "incarnation": self.incarnation,
                                     # so that a worker of another job leaves before it says
-                                    # anything about its documents (see Worker._register)
-                                    "family": self.cfg.family,
+                                    # anything about its documents (see Worker._register); the
+                                    # family's own name, however cluster.yaml spelled a plug-in
+                                    "family": self.family.name,
                                     "phase": self.phase, "round": self.round,
                                     "version": self.version, "rounds": self.cfg.rounds,
                                     "open": self.open is not None,

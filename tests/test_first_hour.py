@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,18 @@ def test_preflight_refuses_bad_input_in_one_line(make_config: MakeConfig, tmp_pa
     with pytest.raises(ValueError) as info:
         preflight(load_config(config))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_checking_the_default_job_does_not_import_torch() -> None:
+    """``fedctl check`` of an mlp job reads its hyperparameters, data and ports, never the
+    network: importing torch would cost 1-2 s of every check (common/models/mlp_params.py)."""
+    code = ("import sys; from common.config import load_config; "
+            "from master.preflight import preflight; "
+            "preflight(load_config('cluster.yaml'), ports=False); print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("case", RUN_TOO)

@@ -223,13 +223,15 @@ class Worker:
 
     def _register(self, announce: Message) -> None:
         theirs = announce.body.get("family")
-        if theirs is not None and theirs != self.cfg.family:
+        if isinstance(theirs, str) and theirs != self.family.name:
             # Two jobs on one pair of ports, or a worker given another job's master: its
             # registration (class lists, a vocabulary) would tell that master about its
-            # documents, and be refused field by field.
-            raise ConfigError(f"the master at {self.cfg.master.pub_endpoint} runs a {theirs} "
-                              f"job, and {self.cfg.source} says model.family {self.cfg.family}:"
-                              f" is another job's master on these ports? (nothing was sent)")
+            # documents, and be refused field by field. (The families' own names: a plug-in
+            # named by its entry point on one node and by module:Name on another is one family.)
+            raise ConfigError(f"the master at {self.cfg.master.pub_endpoint} runs a "
+                              f"{theirs[:64]} job, and {self.cfg.source} says model.family "
+                              f"{self.cfg.family}: is another job's master on these ports? "
+                              f"(nothing was sent)")
         info = self.family.registration_info()
         reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
                                            "device": self.device, "info": info})

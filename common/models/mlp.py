@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from common.eval.classification import classification_metrics
-from common.models.mlp_params import OPTIMIZERS
+from common.models.mlp_params import OPTIMIZERS, MLPParams  # noqa: F401  (its old home)
 from common.models.proximal import anchor_of, proximal_term
 from common.privacy.dp import DPSGDParams, sgd_sample_rate
 from common.state import generator_state, set_generator_state
