@@ -21,12 +21,14 @@ demo: setup               ## set up, then run the default cluster (cluster.yaml)
 
 # Two tests at a time (pytest-xdist): a cluster test spends much of its time waiting on its
 # processes' start and its rounds' timers, so two share two cores well (the whole suite on this
-# 2-core machine: 1,339 s one at a time, 959 s two at a time). `pytest` alone runs them in turn.
+# 2-core machine: 1,339 s one at a time, 959 s two at a time). Each test module stays in one
+# process, in order, so that its fixtures (the Ansible deployment, a reference run) are made
+# once. `pytest` alone runs everything in turn; so does TEST_PROCESSES=0.
 TEST_PROCESSES ?= 2
 
 test: setup               ## set up, then lint and run the whole test suite
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(TEST_PROCESSES)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadscope
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
