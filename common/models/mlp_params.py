@@ -1,8 +1,7 @@
 """The ``mlp`` family's hyperparameters, apart from the network: reading them needs no torch.
 
-``fedctl check``, ``fedctl run``'s preflight and the master read a job's ``model`` section
-before any network exists (or, for ``check``, ever will); importing torch for that cost
-1-2 s a command. The network itself is :class:`common.models.mlp.MLPClassifier`.
+``fedctl check`` reads a job's ``model`` section and never builds a network; importing torch
+for that cost 1-2 s a check. The network itself is :class:`common.models.mlp.MLPClassifier`.
 """
 
 from __future__ import annotations
