@@ -103,6 +103,11 @@ class ServerFamily(ABC):
         self.global_: Payload = Payload()
         self.setup_info_: dict[str, Any] = {}
 
+    def warm_up(self) -> None:
+        """Load what :meth:`setup` will need (a model's library), at the master's start: once
+        the workers have registered, a master busy importing for seconds is a master they
+        hear nothing from. ``fedctl check`` builds the family too, and never calls this."""
+
     @abstractmethod
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         """Pre-training exchange: from each worker's registration ``info``, the first payload.

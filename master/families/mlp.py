@@ -38,6 +38,9 @@ class MLPServer(ServerFamily):
         super().__init__(cfg, strategy)
         self.params = build_params(MLPParams, cfg.family_params, f"{cfg.source}: model")
 
+    def warm_up(self) -> None:
+        import common.models.mlp  # noqa: F401  (torch: 1-2 s, not while workers wait)
+
     def check_info(self, info: Mapping[str, Any]) -> None:
         dim, classes = info.get("input_dim"), info.get("classes")
         if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 1 << 20:
