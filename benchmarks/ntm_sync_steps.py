@@ -98,6 +98,12 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool, secure: bool = False) -
         sys.exit(f"fedctl run failed:\n{proc.stderr[-3000:]}")
     events = [json.loads(line) for line in (out / "out" / "metrics.jsonl").open()]
     rounds = [e for e in events if e["event"] == "round"]
+    # Each process's CPU of a round (every thread): the master's on its round event, each
+    # worker's on its worker_round event; a step's CPU is that of its rounds together.
+    workers_cpu: dict[int, float] = {}
+    for e in events:
+        if e["event"] == "worker_round":
+            workers_cpu[e["round"]] = workers_cpu.get(e["round"], 0.0) + e.get("cpu_s", 0.0)
     setup = json.loads((out / "out" / "model.json").read_text())["setup"]
     steps = [rounds[i:i + per_step] for i in range(0, len(rounds), per_step)]
     inner = steps[1:-1]  # the first and the last step also score the model
@@ -119,6 +125,10 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool, secure: bool = False) -
         "median_aggregate_ms": per_step_ms("aggregate_s"),
         "median_slowest_train_ms": per_step_ms("slowest_train_s"),
         "median_comm_overhead_ms": per_step_ms("comm_overhead_s"),
+        "cpu_per_step_ms": float(1000 * np.median([
+            sum(e.get("cpu_s", 0.0) + workers_cpu.get(e["round"], 0.0) for e in st)
+            for st in inner])),
+        "master_cpu_per_step_ms": per_step_ms("cpu_s"),
         "bytes_per_step": float(np.median([sum(e["broadcast_bytes"] + e["bytes_in"]
                                                for e in st) for st in inner])),
         "fedctl_run_seconds": total,
@@ -185,6 +195,7 @@ def main() -> None:
                     help="runs of each configuration, taken in turns")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
+    cores = len(os.sched_getaffinity(0))  # what the cluster's processes may run on
     runs = []
     for _ in range(args.repeats):  # in turns, so that a slow spell of the machine hits all
         for sync_bn, secure in _configs(args):
@@ -211,7 +222,11 @@ def main() -> None:
              cell("median_slowest_train_ms")),
             ("of which master's merging + Adam step, ms", cell("median_aggregate_ms")),
             ("communication and scheduling, ms", cell("median_comm_overhead_ms")),
-            ("bytes per step (broadcasts + uploads), MB", cell("bytes_per_step", 1e-6, 2))]
+            ("bytes per step (broadcasts + uploads), MB", cell("bytes_per_step", 1e-6, 2)),
+            ("CPU per step, master + workers, every thread (core-ms)", cell("cpu_per_step_ms")),
+            ("of which the master's (core-ms)", cell("master_cpu_per_step_ms")),
+            (f"most steps/s {cores} cores allow (cores ÷ CPU per step)",
+             lambda rs: median_range([1000 * cores / r["cpu_per_step_ms"] for r in rs], 1))]
     lines = [
         "# Synchronous gFedNTM steps on loopback",
         "",
@@ -230,7 +245,13 @@ def main() -> None:
         "|---|" + "---|" * len(configs)]
     lines += [f"| {name} | " + " | ".join(f(rs) for rs in configs.values()) + " |"
               for name, f in rows]
-    lines += ["", "gFedNTM's reference implementation sleeps 3 s after each client at every "
+    lines += ["", "CPU per step is each process's `cpu_s` (metrics.jsonl: CPU time between two "
+              "of its rounds, every thread: ZeroMQ's I/O, the heartbeat, the kernel's work for "
+              "it) summed over the master, the workers and the step's rounds. However the "
+              "processes share the cores, a step cannot be shorter than that CPU spread over "
+              f"all {cores} of them: the last row is the ceiling this machine puts on the "
+              "configuration, with every process's CPU as it is now.", "",
+              "gFedNTM's reference implementation sleeps 3 s after each client at every "
               "mini-batch: ≥ 9 s per step with 3 clients.", "",
               "![steps per second](ntm_sync_steps.png)"]
     md = "\n".join(lines)

@@ -130,6 +130,7 @@ class Master:
         self._next_scan = 0.0  # when _abandoned next looks at every worker
         self._budget_logged = False
         self._absent: set[str] = set()  # warned of once, until they report again
+        self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
         self._auth = None
@@ -530,6 +531,7 @@ class Master:
         # the 100-340 ms measured with it in view.
         gc.freeze()
         self._training_since = time.monotonic()
+        self._cpu_mark = time.process_time()  # the set-up is not round 1's CPU
         log.info("starting with %d worker(s): %s", n, ", ".join(sorted(self.workers)))
         self._start_round(time.monotonic())  # setup() may have taken a while
 
@@ -897,6 +899,7 @@ class Master:
         self.metrics.write("resume", run_id=self.run_id, completed_round=done,
                            version=self.version, time=time.time())
         gc.freeze()  # as at a first start (see _maybe_start)
+        self._cpu_mark = time.process_time()
         log.info("resumed job %s after round %d (model version %d)", self.run_id, done,
                  self.version)
 
@@ -905,6 +908,10 @@ class Master:
         """Log the round and return its metrics events (written with its checkpoint)."""
         events = round_events(rnd, self.version, aggregate_time, missing)
         r = events[-1]
+        # This process's CPU since the last round closed, every thread (ZeroMQ's, the
+        # checkpoint writer's): with the workers' own cpu_s, what a round costs the machine.
+        cpu = time.process_time()
+        r["cpu_s"], self._cpu_mark = cpu - self._cpu_mark, cpu
         r.update(self.privacy.record(rnd.metrics, self.version))
         log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
                  "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],

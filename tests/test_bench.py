@@ -33,7 +33,11 @@ def test_bench_quick_writes_report(tmp_path: Path) -> None:
     assert c["federated_noeval"]["startup_s"] > 0 and c["federated_noeval"]["train_s"] > 0
     assert set(c["central_1thread"]["local"]) == {"w1", "w2", "w3"}
     for v in res["anatomy"].values():
-        assert {"broadcast", "train", "upload", "aggregate", "other"} <= set(v["anatomy"])
+        assert {"broadcast", "train", "upload", "aggregate", "other", "cpu",
+                "train_cpu"} <= set(v["anatomy"])
+        # What a round cost the machine holds the workers' training (CPU work) and more.
+        assert v["anatomy"]["cpu"] > 0.5 * v["anatomy"]["train_cpu"] > 0
+        assert v["cores"] >= 1
         assert v["bare"]["bytes"] == 4 * v["params"]
         assert {"round_s", "broadcast_s", "upload_s"} <= set(v["bare"])
     modes = {v["mode"] for v in res["scaling"].values()}
@@ -53,4 +57,5 @@ def test_bench_quick_writes_report(tmp_path: Path) -> None:
     for heading in ("## Goals", "## Centralized against federated", "## Round anatomy",
                     "## Scaling with workers", "## Update compression"):
         assert heading in md
+    assert "cores) |" in md  # the anatomy's floor column
 

@@ -40,7 +40,7 @@ from tests.conftest import (
 MLP_SHAPES = {"0.weight": (256, 384), "0.bias": (256,), "2.weight": (2, 256), "2.bias": (2,)}
 MODEL_BYTES = 4 * sum(math.prod(s) for s in MLP_SHAPES.values())
 WORKER_ROUND_FIELDS = ("loss", "accuracy", "macro_f1", "bytes_in", "bytes_out", "train_time",
-                       "wait_time")
+                       "wait_time", "cpu_s")
 
 
 def _comparison_rows(path: Path) -> list[dict]:
@@ -110,6 +110,13 @@ def test_fedctl_run_whole_job(tmp_path: Path, make_config: MakeConfig, embed_cac
         assert 0 <= e["accuracy"] <= 1 and 0 <= e["macro_f1"] <= 1
         assert e["bytes_out"] >= MODEL_BYTES  # the update carries the whole model
         assert e["bytes_in"] > 0 and e["train_time"] > 0 and e["wait_time"] >= 0
+        assert e["cpu_s"] > 0
+    # Each process's CPU a round (every thread): training is CPU work, so a worker's CPU over
+    # the run holds its training times (less whatever time a busy machine took its core away).
+    for w in ("w1", "w2", "w3"):
+        mine = [e for e in worker_rounds if e["worker"] == w]
+        assert sum(e["cpu_s"] for e in mine) >= 0.5 * sum(e["train_time"] for e in mine), mine
+    assert all(e["cpu_s"] > 0 for e in round_evs), round_evs
 
     # Learning happened: the global model each round starts from scores better and better on
     # the workers' own test splits (round 1 is the untrained initial model).

@@ -143,6 +143,7 @@ class Worker:
         self.req: LazyPirateClient | None = None
         self.heartbeat: Heartbeat | None = None
         self._last_upload = time.monotonic()
+        self._cpu_mark = time.process_time()  # CPU (all threads) at the last upload
         self._secure_done: dict[int, int] = {}  # round -> the secure attempt last done
         self._stash: collections.deque[Message] = collections.deque()
         self._received_at = time.time()
@@ -261,6 +262,7 @@ class Worker:
             else:
                 self.snapshots.save(0, self._state())
         gc.freeze()  # start-up's objects out of the collector's sight (see Master._maybe_start)
+        self._cpu_mark = time.process_time()  # the set-up is not round 1's CPU
 
     def _loop(self) -> dict[str, Any]:
         silent_since = last_poll = time.monotonic()
@@ -433,6 +435,11 @@ class Worker:
                 log.warning("round %d: %.2g %% of the update's coordinates moved more than "
                             "secure_aggregation.clip (%g) and were clipped", rnd, 100 * clipped,
                             float(secure["clip"]))
+        # This process's CPU since its last upload, every thread (ZeroMQ's, the heartbeat's):
+        # what the round cost the machine, whoever waited for a core meanwhile.
+        cpu = time.process_time()
+        metrics["cpu_s"] = min(cpu - self._cpu_mark, C.MAX_TIMING_S)
+        self._cpu_mark = cpu
         try:
             update = {"round": rnd, "version": int(body["version"]),
                       "n_samples": result.n_samples, "metrics": metrics,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,10 +25,14 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
     The critical worker of a round is the one whose broadcast + evaluation + training +
     upload is longest; ``other`` is the round's duration less its broadcast, evaluation,
     training, upload and the master's aggregation (the worker's parameter copies and
-    (de)compression, the master's validation, queueing and event-loop latency).
+    (de)compression, the master's validation, queueing and event-loop latency). ``cpu`` is
+    the CPU time the round cost the master and its workers together (each process's
+    ``cpu_s``, every thread), and ``train_cpu`` the workers' training time summed: on C cores
+    no round can take less than ``cpu / C``.
     """
     parts: dict[str, list[float]] = {k: [] for k in ("broadcast", "eval", "train", "upload",
-                                                     "aggregate", "other", "publish")}
+                                                     "aggregate", "other", "publish", "cpu",
+                                                     "train_cpu")}
     for r in run["rounds"]:
         ws = [w for w in run["worker_rounds"] if w["round"] == r["round"]]
         if not ws:
@@ -47,7 +52,15 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
         parts["aggregate"].append(r["aggregate_s"])
         parts["publish"].append(r["publish_s"])
         parts["other"].append(max(0.0, r["duration_s"] - b - e - t - u - r["aggregate_s"]))
+        if r.get("cpu_s") is not None and all(w.get("cpu_s") is not None for w in ws):
+            parts["cpu"].append(r["cpu_s"] + sum(w["cpu_s"] for w in ws))
+            parts["train_cpu"].append(sum(w.get("train_time") or 0.0 for w in ws))
     return {k: _median(v) for k, v in parts.items()}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), which its children inherit."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _bare_peer(pub: int, rep: int, reps: int) -> None:  # pragma: no cover - child process
@@ -161,6 +174,6 @@ def section_anatomy(base: ClusterConfig, plan: Plan, work: Path, log: Callable[[
         log(f"anatomy: bare pyzmq exchange of the same {4 * n_params(hidden) / 1e6:.1f} MB")
         bare = bare_exchange(shapes, n_peers=len(cfg.workers), reps=plan.bare_reps)
         out[str(hidden)] = {"hidden": hidden, "params": n_params(hidden), "run": run,
-                            "anatomy": anatomy(run), "bare": bare}
+                            "anatomy": anatomy(run), "bare": bare, "cores": usable_cores()}
     return out
 

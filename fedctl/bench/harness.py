@@ -274,9 +274,9 @@ def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> d
     pooled = json.loads(comparison.read_text()).get("pooled") if comparison.exists() else None
     keep = ("round", "duration_s", "slowest_train_s", "overhead_s", "slowest_compute_s",
             "comm_overhead_s", "aggregate_s", "publish_s", "broadcast_bytes", "bytes_in",
-            "n_updates")
+            "n_updates", "cpu_s")
     wkeep = ("round", "worker", "train_time", "eval_time", "wait_time", "bytes_in", "bytes_out",
-             "upload_s", "broadcast_s")
+             "upload_s", "broadcast_s", "cpu_s", "snapshot_time")
     return {
         "mode": mode,
         "n_workers": len({e["worker"] for e in wrounds}),

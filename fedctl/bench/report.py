@@ -39,6 +39,11 @@ def median_range(xs: list[float], digits: int = 4) -> str:
     return f"{med:.{digits}f} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
 
 
+def _floor(cpu: float | None, cores: int | None) -> str:
+    """A round's shortest possible time on ``cores``: its CPU spread over all of them."""
+    return "–" if cpu is None or not cores else f"{1000 * cpu / cores:.1f} ({cores} cores)"
+
+
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's acceptance goals, each with its measured value and whether it is met."""
     g: list[dict[str, Any]] = []
@@ -206,10 +211,15 @@ def report_markdown(res: dict[str, Any], plots: list[str]) -> str:
                   "upload = worker send to master receipt of the update, other = the rest "
                   "(parameter copies on the worker, validation, event-loop latency). Bare = "
                   "plain pyzmq PUB to 3 SUB processes + 3 REQ/REP uploads of the same arrays, "
-                  "zero-copy, in the same run.", "",
+                  "zero-copy, in the same run. CPU = the CPU time a round cost the master and "
+                  "the workers together (each process's `cpu_s` in metrics.jsonl, every "
+                  "thread), of which training = the workers' training times summed; floor = "
+                  "CPU ÷ the cores: no round can be shorter, however the work is scheduled, "
+                  "and the bare exchange does no training.", "",
                   "| params | MB | round | broadcast | train | upload | aggregate | other | "
                   "overhead (round − slowest training) | bare round | bare broadcast | "
-                  "bare upload |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "bare upload | CPU (core-ms) | of which training | floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in a.values():
             an, b, run = v["anatomy"], v["bare"], v["run"]
             lines.append(
@@ -218,7 +228,9 @@ def report_markdown(res: dict[str, Any], plots: list[str]) -> str:
                 f"{_fmt(an['train'], 1000)} | {_fmt(an['upload'], 1000, 2)} | "
                 f"{_fmt(an['aggregate'], 1000, 2)} | {_fmt(an['other'], 1000, 2)} | "
                 f"**{_fmt(run['median_overhead_s'], 1000, 2)}** | {_fmt(b['round_s'], 1000, 2)}"
-                f" | {_fmt(b['broadcast_s'], 1000, 2)} | {_fmt(b['upload_s'], 1000, 2)} |")
+                f" | {_fmt(b['broadcast_s'], 1000, 2)} | {_fmt(b['upload_s'], 1000, 2)} | "
+                f"{_fmt(an.get('cpu'), 1000)} | {_fmt(an.get('train_cpu'), 1000)} | "
+                f"{_floor(an.get('cpu'), v.get('cores'))} |")
         lines += ["", "The components are medians over rounds taken separately, so they need not "
                   "add up to the median round.", ""]
         for v in a.values():
