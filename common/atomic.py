@@ -32,7 +32,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: b
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    if reuse is not None and Path(reuse).resolve() == target.resolve():
+    if reuse is not None and _same_file(reuse, target):
         reuse = None  # the file being replaced must stay whole until the new one is
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     fh: BinaryIO | None = None
@@ -68,6 +68,14 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], durable: b
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (two stats: resolving each path costs one a part)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there: not the same file
+        return False
 
 
 def _take_over(old: str | Path, tmp_name: str) -> bool:

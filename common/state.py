@@ -102,9 +102,10 @@ def save(path: str | Path, tree: Any, header: Mapping[str, Any] | None = None,
         a = np.asarray(a, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        if a.dtype.name not in _DTYPES:
+        kind = _DTYPES.get(a.dtype.name)  # (numpy's dtype.name is a slow property)
+        if kind is None:
             raise TypeError(f"cannot save an array of {a.dtype} in a state file")
-        entries[name] = {"dtype": _DTYPES[a.dtype.name], "shape": list(a.shape),
+        entries[name] = {"dtype": kind, "shape": list(a.shape),
                          "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
         raw.append(a.reshape(-1).view(np.uint8))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,29 @@ class Snapshots:
     def __init__(self, folder: str | Path, worker_id: str) -> None:
         self.folder = Path(folder)
         self.worker_id = worker_id
+        # What the folder holds, read once: only this worker's process writes it, and a round
+        # of millisecond models would otherwise list it four times (a tenth of the snapshot).
+        self._rounds: list[int] | None = None
+        self._spare_files: list[Path] | None = None
 
     def _path(self, round_: int) -> Path:
         return self.folder / f"round-{round_:06d}.safetensors"
 
+    def _scan(self) -> None:
+        names = os.listdir(self.folder) if self.folder.is_dir() else []
+        self._rounds = sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+        self._spare_files = sorted(self.folder / n for n in names if n.startswith(".spare-"))
+
+    def _forget(self) -> None:
+        """Read the folder again at the next question (after a change made outside the index)."""
+        self._rounds = self._spare_files = None
+
     def rounds(self) -> list[int]:
         """The rounds there is a snapshot after, oldest first."""
-        if not self.folder.is_dir():
-            return []
-        found = (_NAME.match(p.name) for p in self.folder.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        if self._rounds is None:
+            self._scan()
+        assert self._rounds is not None
+        return list(self._rounds)
 
     def adopt(self, run_id: str) -> bool:
         """Keep the snapshots if they are of run ``run_id``, else delete them (an earlier
@@ -70,9 +84,11 @@ class Snapshots:
             for old in (*self.folder.glob(".round-*.tmp"), *self.folder.glob("round-*.npz"),
                         *self._spares()):
                 old.unlink(missing_ok=True)
+        self._forget()
         if known != run_id:
             for r in self.rounds():
                 self._path(r).unlink(missing_ok=True)
+            self._forget()
             self.folder.mkdir(parents=True, exist_ok=True)
             marker.write_text(run_id + "\n")
         return bool(self.rounds())
@@ -83,13 +99,27 @@ class Snapshots:
         stale = [] if keep is None else [r for r in self._stale(keep) if r != round_]
         spares = self._spares()
         reuse = spares[0] if spares else self._path(stale[0]) if stale else None
-        state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_},
-                   reuse=reuse)
+        try:
+            state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_},
+                       reuse=reuse)
+        except BaseException:
+            self._forget()  # the file taken over may be gone, the new one not there
+            raise
+        assert self._rounds is not None and self._spare_files is not None
+        if spares:  # the file taken over is the new round's now
+            self._spare_files.remove(spares[0])
+        elif stale:
+            self._rounds.remove(stale[0])
+        if round_ not in self._rounds:
+            self._rounds = sorted([*self._rounds, round_])
         if keep is not None:
             self.prune(keep)
 
     def _spares(self) -> list[Path]:
-        return sorted(self.folder.glob(".spare-*")) if self.folder.is_dir() else []
+        if self._spare_files is None:
+            self._scan()
+        assert self._spare_files is not None
+        return list(self._spare_files)
 
     def load(self, round_: int) -> Any:
         header, tree = state.load(self._path(round_))
@@ -107,6 +137,7 @@ class Snapshots:
         for r in self.rounds():
             if r > older[-1]:
                 self._path(r).unlink(missing_ok=True)
+        self._rounds = older
         return older[-1], self.load(older[-1])
 
     def _stale(self, keep: int) -> list[int]:
@@ -117,11 +148,15 @@ class Snapshots:
     def prune(self, keep: int) -> None:
         """Delete what no resumed master can ask for: everything older than the newest
         snapshot at or before round ``keep`` (up to :data:`SPARES` of them kept as spares)."""
-        spares = len(self._spares())
-        for r in self._stale(keep):
+        spares = self._spares()
+        stale = self._stale(keep)
+        for r in stale:
             with contextlib.suppress(FileNotFoundError):
-                if spares < SPARES:
-                    self._path(r).rename(self.folder / f".spare-{r:06d}")
-                    spares += 1
+                if len(spares) < SPARES:
+                    spare = self.folder / f".spare-{r:06d}"
+                    self._path(r).rename(spare)
+                    spares.append(spare)
                 else:
                     self._path(r).unlink()
+        self._rounds = [r for r in self.rounds() if r not in stale]
+        self._spare_files = sorted(spares)
