@@ -104,10 +104,16 @@ def _plots(res: dict[str, Any], out: Path) -> list[str]:
             ax.bar(["bare pyzmq"], [1000 * bare["broadcast_s"]], color="C0")
             ax.bar(["bare pyzmq"], [1000 * (bare["round_s"] - bare["broadcast_s"])],
                    bottom=[1000 * bare["broadcast_s"]], color="C3")
+            cpu, cores = v["anatomy"].get("cpu"), v.get("cores")
+            if cpu and cores:  # no round can be shorter: its CPU over every core
+                ax.axhline(1000 * cpu / cores, color="0.3", ls="--", lw=1,
+                           label=f"floor: the round's CPU ÷ {cores} cores")
             ax.set_title(f"{v['params'] / 1e6:.2f} M parameters (h={key})")
             ax.set_ylabel("median ms per round")
-        axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
         fig.savefig(out / "cluster_anatomy.png", dpi=100)
         plt.close(fig)
         files.append("cluster_anatomy.png")
