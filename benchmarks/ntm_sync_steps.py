@@ -154,13 +154,24 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups: dict[str, list[float]] = {}
+    ceilings: dict[str, list[float]] = {}
+    cores = res.get("cores")
     for r in res["runs"]:
         groups.setdefault(_label(r), []).append(r["steps_per_s_wall"])
+        if cores and r.get("cpu_per_step_ms"):
+            ceilings.setdefault(_label(r), []).append(1000 * cores / r["cpu_per_step_ms"])
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (label, xs) in enumerate(groups.items()):
         ax.bar(i, float(np.median(xs)), color="#4c72b0" if "secure" not in label else "#dd8452")
         ax.plot([i] * len(xs), xs, "k.", ms=6)
-        ax.text(i, float(np.median(xs)) + 2, f"{np.median(xs):.0f}", ha="center")
+        ax.text(i - 0.3, float(np.median(xs)) / 2, f"{np.median(xs):.0f}", ha="center",
+                color="white", fontweight="bold")
+        if label in ceilings:  # what the CPU a step costs allows on these cores
+            top = float(np.median(ceilings[label]))
+            ax.plot([i - 0.4, i + 0.4], [top, top], color="#c44e52", lw=2,
+                    label=f"most {cores} cores allow (CPU a step)" if i == 0 else None)
+            ax.text(i + 0.4, top + 1.5, f"{top:.0f}", ha="right", va="bottom", fontsize=8,
+                    color="#c44e52")
     ax.axhline(100, color="0.4", ls="--", lw=1)
     ax.text(len(groups) - 0.5, 101, "goal (union batch norm)", ha="right", va="bottom",
             fontsize=8, color="0.3")
@@ -170,6 +181,8 @@ def plot(res: dict, path: Path) -> None:
     ax.set_title(f"ProdLDA sync, V = {r0['vocab']}, K = {r0['topics']}, {r0['workers']} workers "
                  f"({res['repeats']} runs each)", fontsize=9)
     ax.set_ylim(0, max(110, max(max(x) for x in groups.values()) * 1.15))
+    if ceilings:
+        ax.legend(loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -203,6 +216,7 @@ def main() -> None:
     grad_ms = in_process_gradient_ms(runs[0]["vocab"], args.topics)
     load = os.getloadavg()[0]
     res = {"runs": runs, "in_process_gradient_ms": grad_ms, "cpu_count": os.cpu_count(),
+           "cores": cores,
            "load_average_before": load_before, "load_average_at_end": load,
            "repeats": args.repeats, "command": command_line(ROOT),
            "commit": current_commit(ROOT)}
