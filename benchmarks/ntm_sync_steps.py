@@ -41,6 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
+from fedctl.bench.anatomy import usable_cores  # noqa: E402
 from fedctl.bench.report import command_line, current_commit, median_range  # noqa: E402
 from fedctl.launch import child_env, fedctl_command  # noqa: E402
 
@@ -208,7 +209,7 @@ def main() -> None:
                     help="runs of each configuration, taken in turns")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
-    cores = len(os.sched_getaffinity(0))  # what the cluster's processes may run on
+    cores = usable_cores()  # what the cluster's processes may run on
     runs = []
     for _ in range(args.repeats):  # in turns, so that a slow spell of the machine hits all
         for sync_bn, secure in _configs(args):
@@ -262,9 +263,9 @@ def main() -> None:
     lines += ["", "CPU per step is each process's `cpu_s` (metrics.jsonl: CPU time between two "
               "of its rounds, every thread: ZeroMQ's I/O, the heartbeat, the kernel's work for "
               "it) summed over the master, the workers and the step's rounds. However the "
-              "processes share the cores, a step cannot be shorter than that CPU spread over "
-              f"all {cores} of them: the last row is the ceiling this machine puts on the "
-              "configuration, with every process's CPU as it is now.", "",
+              "processes share the cores, steps cannot follow each other faster than that CPU "
+              f"spread over all {cores} of them allows: the last row is the ceiling this "
+              "machine puts on the configuration, with every process's CPU as it is now.", "",
               "gFedNTM's reference implementation sleeps 3 s after each client at every "
               "mini-batch: ≥ 9 s per step with 3 clients.", "",
               "![steps per second](ntm_sync_steps.png)"]

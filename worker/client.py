@@ -388,7 +388,9 @@ class Worker:
             scores = (self.family.evaluate(meta, model)
                       if every and (rnd - 1) % every == 0 else {})
             eval_time = time.perf_counter() - t0
+            fit_cpu = time.process_time()
             result = self.family.fit(rnd, meta, model)
+            fit_cpu = time.process_time() - fit_cpu
         except Exception as exc:
             if devices.is_out_of_memory(exc):
                 raise devices.GPUMemoryError(devices.out_of_memory_message(
@@ -397,7 +399,8 @@ class Worker:
             raise
         metrics = {**{k: float(v) for k, v in scores.items()},
                    **{k: float(v) for k, v in result.metrics.items()},
-                   "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in}
+                   "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in,
+                   "fit_cpu_s": min(fit_cpu, C.MAX_TIMING_S)}
         # Where the round really ran: a tensor made without device= trains on the CPU.
         self._trained += 1  # a worker sampled out of rounds 1, 11, 21... is checked too
         on_gpu = (devices.tensors_on_gpu(self.family) if devices.check_due(self._trained)
@@ -436,7 +439,9 @@ class Worker:
                             "secure_aggregation.clip (%g) and were clipped", rnd, 100 * clipped,
                             float(secure["clip"]))
         # This process's CPU since its last upload, every thread (ZeroMQ's, the heartbeat's):
-        # what the round cost the machine, whoever waited for a core meanwhile.
+        # what the round cost the machine, whoever waited for a core meanwhile. (The upload's
+        # own sending falls in the next round's; workers that are threads of one process each
+        # see the whole process's.)
         cpu = time.process_time()
         metrics["cpu_s"] = min(cpu - self._cpu_mark, C.MAX_TIMING_S)
         self._cpu_mark = cpu

@@ -77,6 +77,7 @@ class Snapshots:
     def adopt(self, run_id: str) -> bool:
         """Keep the snapshots if they are of run ``run_id``, else delete them (an earlier
         job's state must not leak into this one). True when there are some to use."""
+        self._forget()  # what is on disk now, whatever happened since the index was read
         marker = self.folder / RUN_FILE
         known = marker.read_text().strip() if marker.is_file() else None
         if self.folder.is_dir():
@@ -102,18 +103,18 @@ class Snapshots:
         try:
             state.save(self._path(round_), tree, {"worker_id": self.worker_id, "round": round_},
                        reuse=reuse)
+            assert self._rounds is not None and self._spare_files is not None
+            if spares:  # the file taken over is the new round's now
+                self._spare_files.remove(spares[0])
+            elif stale:
+                self._rounds.remove(stale[0])
+            if round_ not in self._rounds:
+                self._rounds = sorted([*self._rounds, round_])
+            if keep is not None:
+                self.prune(keep)
         except BaseException:
-            self._forget()  # the file taken over may be gone, the new one not there
+            self._forget()  # the file taken over may be gone, a prune cut short: read again
             raise
-        assert self._rounds is not None and self._spare_files is not None
-        if spares:  # the file taken over is the new round's now
-            self._spare_files.remove(spares[0])
-        elif stale:
-            self._rounds.remove(stale[0])
-        if round_ not in self._rounds:
-            self._rounds = sorted([*self._rounds, round_])
-        if keep is not None:
-            self.prune(keep)
 
     def _spares(self) -> list[Path]:
         if self._spare_files is None:

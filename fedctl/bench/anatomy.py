@@ -27,8 +27,8 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
     training, upload and the master's aggregation (the worker's parameter copies and
     (de)compression, the master's validation, queueing and event-loop latency). ``cpu`` is
     the CPU time the round cost the master and its workers together (each process's
-    ``cpu_s``, every thread), and ``train_cpu`` the workers' training time summed: on C cores
-    no round can take less than ``cpu / C``.
+    ``cpu_s``, every thread), and ``train_cpu`` the CPU of the workers' training (their
+    ``fit_cpu_s``): on C cores rounds cannot follow each other faster than ``cpu / C``.
     """
     parts: dict[str, list[float]] = {k: [] for k in ("broadcast", "eval", "train", "upload",
                                                      "aggregate", "other", "publish", "cpu",
@@ -54,7 +54,7 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
         parts["other"].append(max(0.0, r["duration_s"] - b - e - t - u - r["aggregate_s"]))
         if r.get("cpu_s") is not None and all(w.get("cpu_s") is not None for w in ws):
             parts["cpu"].append(r["cpu_s"] + sum(w["cpu_s"] for w in ws))
-            parts["train_cpu"].append(sum(w.get("train_time") or 0.0 for w in ws))
+            parts["train_cpu"].append(sum(w.get("fit_cpu_s") or 0.0 for w in ws))
     return {k: _median(v) for k, v in parts.items()}
 
 

@@ -276,7 +276,7 @@ def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> d
             "comm_overhead_s", "aggregate_s", "publish_s", "broadcast_bytes", "bytes_in",
             "n_updates", "cpu_s")
     wkeep = ("round", "worker", "train_time", "eval_time", "wait_time", "bytes_in", "bytes_out",
-             "upload_s", "broadcast_s", "cpu_s", "snapshot_time")
+             "upload_s", "broadcast_s", "cpu_s", "fit_cpu_s", "snapshot_time")
     return {
         "mode": mode,
         "n_workers": len({e["worker"] for e in wrounds}),

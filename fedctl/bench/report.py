@@ -219,9 +219,9 @@ def report_markdown(res: dict[str, Any], plots: list[str]) -> str:
                   "plain pyzmq PUB to 3 SUB processes + 3 REQ/REP uploads of the same arrays, "
                   "zero-copy, in the same run. CPU = the CPU time a round cost the master and "
                   "the workers together (each process's `cpu_s` in metrics.jsonl, every "
-                  "thread), of which training = the workers' training times summed; floor = "
-                  "CPU ÷ the cores: no round can be shorter, however the work is scheduled, "
-                  "and the bare exchange does no training.", "",
+                  "thread), of which training = the workers' training (their `fit_cpu_s`); "
+                  "floor = CPU ÷ the cores: rounds cannot follow each other faster, however "
+                  "the work is scheduled, and the bare exchange does no training.", "",
                   "| params | MB | round | broadcast | train | upload | aggregate | other | "
                   "overhead (round − slowest training) | bare round | bare broadcast | "
                   "bare upload | CPU (core-ms) | of which training | floor |",
