@@ -41,9 +41,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
-from fedctl.bench.anatomy import usable_cores  # noqa: E402
 from fedctl.bench.report import command_line, current_commit, median_range  # noqa: E402
-from fedctl.launch import child_env, fedctl_command  # noqa: E402
+from fedctl.launch import child_env, fedctl_command, usable_cores  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

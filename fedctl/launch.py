@@ -72,6 +72,11 @@ def worker_threads(n_workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, n_workers))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), which the processes it starts share."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class LocalCluster:
     """One job's processes on this machine.
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -117,6 +119,15 @@ def test_fedctl_run_whole_job(tmp_path: Path, make_config: MakeConfig, embed_cac
         mine = [e for e in worker_rounds if e["worker"] == w]
         assert sum(e["cpu_s"] for e in mine) >= 0.5 * sum(e["train_time"] for e in mine), mine
     assert all(e["cpu_s"] > 0 for e in round_evs), round_evs
+    # ...and `fedctl run` says what a round cost the machine, from those figures.
+    cpu = statistics.median(e["cpu_s"] + sum(w["cpu_s"] for w in worker_rounds
+                                             if w["round"] == e["round"]) for e in round_evs)
+    said = re.search(r"a round cost the master and the workers ([\d.]+) ms of CPU .*?"
+                     r"(\d+) core\(s\), rounds cannot follow each other faster than every "
+                     r"([\d.]+) ms", stdout)
+    assert said, stdout[-2000:]
+    assert float(said[1]) == pytest.approx(1000 * cpu, abs=0.06)
+    assert float(said[3]) == pytest.approx(float(said[1]) / int(said[2]), abs=0.06)
 
     # Learning happened: the global model each round starts from scores better and better on
     # the workers' own test splits (round 1 is the untrained initial model).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from common.config import ClusterConfig
 from common.net.transport import free_ports
 from fedctl.bench.harness import _median, bench_config, n_params, run_cluster
 from fedctl.bench.plan import Plan
+from fedctl.launch import usable_cores
 
 
 def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
@@ -56,11 +56,6 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
             parts["cpu"].append(r["cpu_s"] + sum(w["cpu_s"] for w in ws))
             parts["train_cpu"].append(sum(w.get("fit_cpu_s") or 0.0 for w in ws))
     return {k: _median(v) for k, v in parts.items()}
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), which its children inherit."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _bare_peer(pub: int, rep: int, reps: int) -> None:  # pragma: no cover - child process
