@@ -41,6 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.net.transport import free_ports  # noqa: E402
+from common.runlog import round_cpu  # noqa: E402
 from fedctl.bench.report import command_line, current_commit, median_range  # noqa: E402
 from fedctl.launch import child_env, fedctl_command, usable_cores  # noqa: E402
 
@@ -98,12 +99,7 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool, secure: bool = False) -
         sys.exit(f"fedctl run failed:\n{proc.stderr[-3000:]}")
     events = [json.loads(line) for line in (out / "out" / "metrics.jsonl").open()]
     rounds = [e for e in events if e["event"] == "round"]
-    # Each process's CPU of a round (every thread): the master's on its round event, each
-    # worker's on its worker_round event; a step's CPU is that of its rounds together.
-    workers_cpu: dict[int, float] = {}
-    for e in events:
-        if e["event"] == "worker_round":
-            workers_cpu[e["round"]] = workers_cpu.get(e["round"], 0.0) + e.get("cpu_s", 0.0)
+    cpu = round_cpu(events)  # a step's CPU is that of its rounds together
     setup = json.loads((out / "out" / "model.json").read_text())["setup"]
     steps = [rounds[i:i + per_step] for i in range(0, len(rounds), per_step)]
     inner = steps[1:-1]  # the first and the last step also score the model
@@ -125,9 +121,8 @@ def run_cluster(args: argparse.Namespace, sync_bn: bool, secure: bool = False) -
         "median_aggregate_ms": per_step_ms("aggregate_s"),
         "median_slowest_train_ms": per_step_ms("slowest_train_s"),
         "median_comm_overhead_ms": per_step_ms("comm_overhead_s"),
-        "cpu_per_step_ms": float(1000 * np.median([
-            sum(e.get("cpu_s", 0.0) + workers_cpu.get(e["round"], 0.0) for e in st)
-            for st in inner])),
+        "cpu_per_step_ms": float(1000 * np.median([sum(cpu.get(e["round"], 0.0) for e in st)
+                                                    for st in inner])),
         "master_cpu_per_step_ms": per_step_ms("cpu_s"),
         "bytes_per_step": float(np.median([sum(e["broadcast_bytes"] + e["bytes_in"]
                                                for e in st) for st in inner])),

@@ -86,6 +86,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return events
 
 
+def round_cpu(events: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """Round -> the CPU time it cost the master and its workers together: the ``cpu_s`` of its
+    ``round`` event and of its ``worker_round`` events. Rounds where one of them lacks it (a
+    log from before ``cpu_s``) are left out."""
+    workers: dict[int, list[Any]] = {}
+    for e in events:
+        if e["event"] == "worker_round":
+            workers.setdefault(e["round"], []).append(e.get("cpu_s"))
+    return {e["round"]: e["cpu_s"] + sum(workers[e["round"]]) for e in events
+            if e["event"] == "round" and e.get("cpu_s") is not None
+            and workers.get(e["round"]) and None not in workers[e["round"]]}
+
+
 class MetricsTail:
     """Follow a metrics log as it grows: each :meth:`new_events` reads only the bytes written
     since the last call, so that following a long run costs the same at its end as at its start

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, ConfigError, config_to_dict
-from common.runlog import MetricsTail, read_metrics
+from common.runlog import MetricsTail, read_metrics, round_cpu
 from fedctl.launch import LocalCluster, usable_cores
 
 log = logging.getLogger("fedctl.run")
@@ -173,24 +173,6 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
     return 0
 
 
-def round_cpu(events: list[dict]) -> list[float]:
-    """Each round's CPU time, the master's and its workers' ``cpu_s`` together; empty where
-    a round lacks one (metrics from before cpu_s, or a worker that sent none)."""
-    workers: dict[int, list[float | None]] = {}
-    for e in events:
-        if e["event"] == "worker_round":
-            workers.setdefault(e["round"], []).append(e.get("cpu_s"))
-    out = []
-    for e in events:
-        if e["event"] != "round":
-            continue
-        mine = workers.get(e["round"], [])
-        if e.get("cpu_s") is None or not mine or None in mine:
-            return []
-        out.append(e["cpu_s"] + sum(mine))
-    return out
-
-
 def _print_results(out: Path) -> None:
     events = read_metrics(out / "metrics.jsonl")
     wall = events[-1]["time"] - events[0]["time"] if len(events) > 1 else 0.0
@@ -206,12 +188,11 @@ def _print_results(out: Path) -> None:
               f"{1000 * statistics.median(durations):.1f} ms, median overhead (round - slowest "
               f"worker's training) {1000 * statistics.median(overheads):.2f} ms")
         cpu = round_cpu(events)
-        if cpu:  # every process on this machine: what a round cost it, and what that allows
-            cores = usable_cores()
-            print(f"a round cost the master and the workers {1000 * statistics.median(cpu):.1f} "
-                  f"ms of CPU (median, every thread): on this machine's {cores} core(s), rounds "
-                  f"cannot follow each other faster than every "
-                  f"{1000 * statistics.median(cpu) / cores:.1f} ms")
+        if cpu and len(cpu) == len(rounds):  # every process here: what a round cost the machine
+            cores, median = usable_cores(), statistics.median(cpu.values())
+            print(f"a round cost the master and the workers {1000 * median:.1f} ms of CPU "
+                  f"(median, every thread): on this machine's {cores} core(s), rounds cannot "
+                  f"follow each other faster than every {1000 * median / cores:.1f} ms")
     trained = json.loads((out / "summary.json").read_text()).get("trained", {})
     seen = sum(e.get("n_samples", 0) for e in events if e["event"] == "worker_round")
     print("trained: " + ", ".join(f"{n} {unit}" for unit, n in trained.items())

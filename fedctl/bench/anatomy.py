@@ -26,8 +26,8 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
     upload is longest; ``other`` is the round's duration less its broadcast, evaluation,
     training, upload and the master's aggregation (the worker's parameter copies and
     (de)compression, the master's validation, queueing and event-loop latency). ``cpu`` is
-    the CPU time the round cost the master and its workers together (each process's
-    ``cpu_s``, every thread), and ``train_cpu`` the CPU of the workers' training (their
+    the CPU time the round cost the master and its workers together
+    (:func:`common.runlog.round_cpu`), and ``train_cpu`` the CPU of the workers' training (their
     ``fit_cpu_s``): on C cores rounds cannot follow each other faster than ``cpu / C``.
     """
     parts: dict[str, list[float]] = {k: [] for k in ("broadcast", "eval", "train", "upload",
@@ -52,8 +52,8 @@ def anatomy(run: dict[str, Any]) -> dict[str, float | None]:
         parts["aggregate"].append(r["aggregate_s"])
         parts["publish"].append(r["publish_s"])
         parts["other"].append(max(0.0, r["duration_s"] - b - e - t - u - r["aggregate_s"]))
-        if r.get("cpu_s") is not None and all(w.get("cpu_s") is not None for w in ws):
-            parts["cpu"].append(r["cpu_s"] + sum(w["cpu_s"] for w in ws))
+        if r.get("machine_cpu_s") is not None:
+            parts["cpu"].append(r["machine_cpu_s"])
             parts["train_cpu"].append(sum(w.get("fit_cpu_s") or 0.0 for w in ws))
     return {k: _median(v) for k, v in parts.items()}
 

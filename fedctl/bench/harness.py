@@ -261,9 +261,10 @@ def _start_worker_pools(cluster: LocalCluster, pools: int) -> None:
 
 
 def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> dict[str, Any]:
-    from common.runlog import read_metrics
+    from common.runlog import read_metrics, round_cpu
 
     events = read_metrics(out / "metrics.jsonl")
+    cpu = round_cpu(events)
     rounds = [e for e in events if e["event"] == "round"]
     wrounds = [e for e in events if e["event"] == "worker_round"]
     if not rounds:
@@ -274,7 +275,7 @@ def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> d
     pooled = json.loads(comparison.read_text()).get("pooled") if comparison.exists() else None
     keep = ("round", "duration_s", "slowest_train_s", "overhead_s", "slowest_compute_s",
             "comm_overhead_s", "aggregate_s", "publish_s", "broadcast_bytes", "bytes_in",
-            "n_updates", "cpu_s")
+            "n_updates")
     wkeep = ("round", "worker", "train_time", "eval_time", "wait_time", "bytes_in", "bytes_out",
              "upload_s", "broadcast_s", "cpu_s", "fit_cpu_s", "snapshot_time")
     return {
@@ -289,6 +290,8 @@ def _summarize(out: Path, launched: float, sampler: ProcSampler, mode: str) -> d
         "median_slowest_train_s": _median([e["slowest_train_s"] for e in rounds]),
         "master": sampler.window(first_broadcast, end),
         "pooled": pooled,
-        "rounds": [{k: e.get(k) for k in keep} for e in rounds],
+        # machine_cpu_s: what the round cost the master and the workers together
+        "rounds": [{**{k: e.get(k) for k in keep}, "machine_cpu_s": cpu.get(e["round"])}
+                   for e in rounds],
         "worker_rounds": [{k: e.get(k) for k in wkeep} for e in wrounds],
     }
