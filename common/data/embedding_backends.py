@@ -118,10 +118,14 @@ def resolve_backend(name: str | None, device: str) -> str:
     if key == "torch":
         return "torch"
     if key == "auto":
-        import torch
+        from common.data.embedding import gpu_possible
 
-        gpu = (device != "cpu" or torch.cuda.is_available()
-               or (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()))
+        gpu = device != "cpu"
+        if not gpu and gpu_possible():  # (without torch's import where no GPU can be)
+            import torch
+
+            gpu = (torch.cuda.is_available()
+                   or (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()))
         if gpu:
             return "torch"
         for candidate in _AUTO_ORDER:
