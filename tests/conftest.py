@@ -31,6 +31,24 @@ LIMIT = 600
 CLASSES = ["rest", "MeanOfTransportation"]  # one_vs_rest with the config's default positive
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, this test process's own torch and BLAS pools get its share of the
+    cores, as fedctl run gives each of its processes: with a pool as wide as the machine, a
+    test that trains in-process beside another process's cluster spins its waiting threads
+    (measured: an FSTC fit 2x slower beside two busy cores). Its children keep their own
+    settings (nothing here goes into the environment)."""
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if processes > 1:
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        from fedctl.launch import usable_cores
+
+        share = max(1, usable_cores() // processes)
+        torch.set_num_threads(share)
+        threadpool_limits(share)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (bound to port 0, read back, released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
