@@ -15,15 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedctl.launch import child_env
 from tests.conftest import ROOT
 
 
 @pytest.mark.slow
-def test_gpu_check_runs_on_any_machine(tmp_path: Path) -> None:
+def test_gpu_check_runs_on_any_machine(tmp_path: Path, embed_cache: Path) -> None:
+    # The session's embedding cache (the same 600 documents), not the user's own.
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--families", "mlp",
                            "--rounds", "2", "--limit", "600", "--work", str(tmp_path / "work"),
                            "--results", str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, env=child_env(embed_cache))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "gpu_check.json").read_text())["results"]["mlp"]
     cpu = res["cpu"]
