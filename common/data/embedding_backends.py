@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from common.data.embedding import gpu_possible
 from common.data.reading import DataError
 
 log = logging.getLogger("fedctl.data")
@@ -118,8 +119,6 @@ def resolve_backend(name: str | None, device: str) -> str:
     if key == "torch":
         return "torch"
     if key == "auto":
-        from common.data.embedding import gpu_possible
-
         gpu = device != "cpu"
         if not gpu and gpu_possible():  # (without torch's import where no GPU can be)
             import torch
