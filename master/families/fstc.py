@@ -10,6 +10,11 @@ What travels:
   last round.
 * updates: ``centers`` and ``counts`` (K) every round; in the final round also the worker's
   model (``head.*``, and ``encoder.*`` when fine-tuned).
+* ``marginal: auto``: two runs side by side, the equal one's arrays under the prefix
+  ``equal.`` (``equal.centers``, ``equal.head.weight``...); in the final round each run also
+  uploads ``predicted_centers`` / ``predicted_counts``, the hard centres of the worker's rows
+  by its own head, and the master keeps the run :func:`common.models.fstc.choose_marginal`
+  picks: the final model is that run's, under the plain names.
 """
 
 from __future__ import annotations
@@ -25,13 +30,20 @@ from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
 from common.data.shards import local_data, sentence_features, simulated
 from common.models.fstc import (
+    AUTO_MAX_DROP,
     CENTERS,
     COUNTS,
+    PREDICTED_CENTERS,
+    PREDICTED_COUNTS,
     FSTCClusterer,
     FSTCParams,
     aggregate_centers,
     centers_from_sum,
     centers_size,
+    choose_marginal,
+    compactness,
+    run_arrays,
+    run_prefix,
 )
 from common.models.kfed import combine_centers
 from common.net import errors
@@ -101,6 +113,11 @@ class FSTCServer(ServerFamily):
         if not np.isfinite(arr).all():
             raise ProtocolError("register.info.centers: NaN or Inf", code=errors.BAD_FIELD)
 
+    @property
+    def prefixes(self) -> dict[str, str]:
+        """Marginal -> the prefix of its run's arrays (:func:`run_prefix`)."""
+        return {b: run_prefix(b, self.params.marginal) for b in self.params.marginals}
+
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         ks = {int(info["n_clusters"]) for info in registrations.values()}
         dims = {int(info["dim"]) for info in registrations.values()}
@@ -118,10 +135,13 @@ class FSTCServer(ServerFamily):
         centers = centers.astype(np.float32)
         head = FSTCClusterer(k, temperature=self.params.temperature).init_from_centers(centers)
         self.setup_info_ = {"n_clusters": k, "dim": dim}
-        self.global_ = Payload({"final": self.cfg.rounds == 1},
-                               {CENTERS: centers, **head.get_arrays()})
+        start = {CENTERS: centers, **head.get_arrays()}
+        self.global_ = Payload(self._meta(0),
+                               {p + name: a for p in self.prefixes.values()
+                                for name, a in start.items()})
         log.info("fstc: %d clusters of %d-d representations, %s start from %d worker(s), "
-                 "variant %s", k, dim, self.params.init, len(registrations), self.params.variant)
+                 "variant %s, marginal %s", k, dim, self.params.init, len(registrations),
+                 self.params.variant, self.params.marginal)
         return self.global_
 
     # Read off setup_info_, which checkpoints keep: a resumed master knows K and the feature
@@ -152,10 +172,21 @@ class FSTCServer(ServerFamily):
         """``centers`` (K × dim) and ``counts`` (K), float32; the model's arrays (``head.*``,
         ``encoder.*``) may come along, as float32 and finite."""
         k, dim = self.n_clusters, self.dim
-        expect = {CENTERS: (k, dim), COUNTS: (k,), "head.weight": (k, dim), "head.bias": (k,)}
-        for name in (CENTERS, COUNTS):
-            if name not in arrays:
-                raise ProtocolError(f"update without {name!r}", code=errors.SHAPE)
+        shapes = {CENTERS: (k, dim), COUNTS: (k,), "head.weight": (k, dim), "head.bias": (k,)}
+        if self.params.marginal == "auto":
+            shapes.update({PREDICTED_CENTERS: (k, dim), PREDICTED_COUNTS: (k,)})
+        expect = {p + name: shape for p in self.prefixes.values()
+                  for name, shape in shapes.items()}
+        for p in self.prefixes.values():
+            for name in (p + CENTERS, p + COUNTS):
+                if name not in arrays:
+                    raise ProtocolError(f"update without {name!r}", code=errors.SHAPE)
+            for a, b in ((p + PREDICTED_CENTERS, p + PREDICTED_COUNTS),
+                         (p + "head.weight", p + "head.bias")):
+                if (a in arrays) != (b in arrays):
+                    raise ProtocolError(f"{a} and {b} come together", code=errors.SHAPE)
+            if p + PREDICTED_COUNTS in arrays and (arrays[p + PREDICTED_COUNTS] < 0).any():
+                raise ProtocolError("counts must be >= 0", code=errors.REJECTED)
         for name, a in arrays.items():
             if name not in expect and not name.startswith("encoder."):
                 raise ProtocolError(f"unexpected array {name!r}", code=errors.SHAPE)
@@ -179,6 +210,9 @@ class FSTCServer(ServerFamily):
         if params.get("encoder", "frozen") == "finetune":
             return ("a fine-tuned encoder's weights do not fit a clipping range; secure rounds "
                     "take FSTC's centres and head with encoder: frozen")
+        if params.get("marginal") == "auto":
+            return ("marginal: auto's choice reads the clusters of each worker's own head, "
+                    "which a secure sum would not show; set marginal: learned or equal")
         return None
 
     def secure_size(self) -> int:
@@ -193,20 +227,58 @@ class FSTCServer(ServerFamily):
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with
-        the final round's updates."""
-        centers = aggregate_centers([r.arrays[CENTERS] for r in results],
-                                    [r.arrays[COUNTS] for r in results],
-                                    previous=self.global_.arrays[CENTERS])
-        arrays: dict[str, np.ndarray] = {CENTERS: centers}
-        with_model = [r for r in results if "head.weight" in r.arrays]
+        the final round's updates. Under ``marginal: auto``, each run apart, and the final
+        round keeps one (:func:`common.models.fstc.choose_marginal`)."""
+        meta = self._meta(round_)
+        runs = {b: self._aggregate_run([run_arrays(r.arrays, p) for r in results],
+                                       [r.n_samples for r in results],
+                                       run_arrays(self.global_.arrays, p))
+                for b, p in self.prefixes.items()}
+        predicted = {b: run.pop("compactness", None) for b, run in runs.items()}
+        if self.params.marginal == "auto" and None not in predicted.values():
+            keep = choose_marginal(predicted["learned"], predicted["equal"])
+            log.info("fstc: marginal auto keeps the %s sizes (the clusters' compactness: "
+                     "learned %.4f, equal %.4f; learned is kept unless it is %.1f %% lower)",
+                     keep, predicted["learned"], predicted["equal"],
+                     100 * AUTO_MAX_DROP)
+            meta.update(marginal=keep, compactness=predicted)
+            arrays = runs[keep]
+        else:
+            arrays = {self.prefixes[b] + name: a for b, run in runs.items()
+                      for name, a in run.items()}
+        self.global_ = Payload(meta, arrays)
+        return self.global_
+
+    def _meta(self, round_: int) -> dict[str, Any]:
+        """What the payload after round ``round_`` tells the workers: ``final`` for the last
+        round (upload the heads); under ``marginal: auto``, ``heads`` for the one before it,
+        whose averaged heads the last round's uploads judge (``predicted_*``)."""
+        auto = self.params.marginal == "auto"
+        return {"final": round_ + 1 == self.cfg.rounds,
+                **({"heads": True} if auto and round_ + 2 == self.cfg.rounds else {})}
+
+    @staticmethod
+    def _aggregate_run(uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int],
+                       current: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """One run's aggregate (its arrays under their plain names), with the
+        ``compactness`` of its heads' own clusters when they came."""
+        out: dict[str, Any] = {CENTERS: aggregate_centers(
+            [u[CENTERS] for u in uploads], [u[COUNTS] for u in uploads],
+            previous=current.get(CENTERS))}
+        with_model = [(u, n) for u, n in zip(uploads, sizes, strict=True) if "head.weight" in u]
         if with_model:
-            names = set(with_model[0].arrays) - {CENTERS, COUNTS}
-            if any(set(r.arrays) - {CENTERS, COUNTS} != names for r in with_model) or any(
-                    r.arrays[n].shape != with_model[0].arrays[n].shape
-                    for r in with_model for n in names):
+            skip = {CENTERS, COUNTS, PREDICTED_CENTERS, PREDICTED_COUNTS}
+            names = set(with_model[0][0]) - skip
+            if any(set(u) - skip != names for u, _ in with_model) or any(
+                    u[n].shape != with_model[0][0][n].shape for u, _ in with_model
+                    for n in names):
                 raise ProtocolError("the workers' models differ in their arrays",
                                     code=errors.REJECTED)
-            arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
-                                           [r.n_samples for r in with_model]))
-        self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
-        return self.global_
+            out.update(weighted_average([{n: u[n] for n in names} for u, _ in with_model],
+                                        [n for _, n in with_model]))
+        if uploads and all(PREDICTED_CENTERS in u for u in uploads):
+            counts = [u[PREDICTED_COUNTS] for u in uploads]
+            out["compactness"] = compactness(
+                aggregate_centers([u[PREDICTED_CENTERS] for u in uploads], counts),
+                np.sum(counts, axis=0))
+        return out
