@@ -607,3 +607,66 @@ def test_fstc_cluster_raises_acc_above_its_initialization(
     with np.load(out / "model.npz") as npz:
         assert {n: npz[n].shape for n in npz.files} == {
             "centers": (K, 384), "head.weight": (K, 384), "head.bias": (K,)}
+
+
+def test_auto_marginal_over_a_real_cluster_keeps_one_run_and_says_which(
+        tmp_path: Path, subset_cache: Path) -> None:
+    """marginal: auto through a master and three workers over TCP loopback (worker threads of
+    this process): both runs travel side by side, the round before the last brings the heads
+    up, the last judges their averages, and the final model is the kept run's alone."""
+    import threading
+
+    from common.config import parse_config
+    from master.server import Master
+    from tests.conftest import config_dict, start_worker_threads
+
+    rounds, k = 3, K
+    raw = config_dict(tmp_path / "out", subset_cache, ["w1", "w2", "w3"], rounds,
+                      model={"family": "fstc", "iterations": 30, "align_weight": 0.01,
+                             "marginal": "auto"},
+                      data={"path": str(SUBSET), "task": "multiclass", "partition": "iid",
+                            "limit": None, "cache_dir": str(subset_cache)},
+                      baselines=True)
+    cfg = parse_config(raw, source=str(tmp_path))
+    master = Master(cfg)
+    master.bind()
+    server = threading.Thread(target=master.serve, daemon=True)
+    server.start()
+    reports: dict = {}
+    errors: list[BaseException] = []
+    threads = start_worker_threads(cfg, ["w1", "w2", "w3"], reports, errors)
+    try:
+        for t in [*threads, server]:
+            t.join(timeout=240)
+    finally:
+        master.close()
+    assert not errors, errors
+    assert not server.is_alive(), "the master did not finish"
+
+    out = tmp_path / "out"
+    centers_bytes = k * 384 * 4
+    down = [e["broadcast_bytes"] for e in events(out, "round")]
+    # Round 1: both runs' centres and start head; round 2: both runs' centres; round 3: both
+    # runs' centres and averaged heads (of round 2).
+    assert down[0] > 4 * centers_bytes and 2 * centers_bytes < down[1] < 3 * centers_bytes
+    assert down[2] > 4 * centers_bytes, down
+    up = {r: [e["bytes_out"] for e in events(out, "worker_round") if e["round"] == r]
+          for r in (1, 2, 3)}
+    assert all(2 * centers_bytes < b < 3 * centers_bytes for b in up[1]), up
+    assert all(4 * centers_bytes < b < 5 * centers_bytes for b in up[2]), up  # + both heads
+    assert all(b > 6 * centers_bytes for b in up[3]), up  # + the clusters of both averages
+
+    info = json.loads((out / "model.json").read_text())["meta"]
+    assert info["marginal"] in ("learned", "equal")
+    assert info["marginal"] == choose_marginal(info["compactness"]["learned"],
+                                               info["compactness"]["equal"])
+    assert all(0 < v < 1 for v in info["compactness"].values())
+    with np.load(out / "model.npz") as npz:  # the kept run's, under the plain names
+        assert {n: npz[n].shape for n in npz.files} == {
+            "centers": (k, 384), "head.weight": (k, 384), "head.bias": (k,)}
+    table = (out / "comparison.md").read_text()
+    assert f"marginal: auto kept the {info['marginal']} cluster sizes" in table
+    # The baselines made the same choice on their own data and scored.
+    assert all(r["local_only"]["accuracy"] > 0 for r in reports.values())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pooled"]["centralized"]["accuracy"] > 0

@@ -358,6 +358,7 @@ def test_forged_reveals_are_caught_by_the_commitments() -> None:
     ({"max_weight_fraction": 0.5}, "cannot cap weights"),
     ({"model": {"family": "lda"}}, "not a model FedAvg averages"),
     ({"model": {"family": "fstc", "encoder": "finetune"}}, "encoder: frozen"),
+    ({"model": {"family": "fstc", "marginal": "auto"}}, "model fstc cannot take part (marginal"),
     ({"strategy": {"name": "scaffold"}}, "scaffold"),
 ])
 def test_what_cannot_be_summed_securely_is_refused_in_one_line(tmp_path: Path, change: dict,

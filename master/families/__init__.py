@@ -66,7 +66,7 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
         for what, why in refusals:
             if why:
                 raise ConfigError(f"{cfg.source}: privacy.secure_aggregation: {what} "
-                                  f"{cls.name if what == 'model' else ''}cannot take part "
+                                  f"{cls.name + ' ' if what == 'model' else ''}cannot take part "
                                   f"({why})".replace("  ", " "))
     unmet = sorted(set(strategy.client_settings()) - cls.client_settings)
     if unmet:

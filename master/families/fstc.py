@@ -211,8 +211,8 @@ class FSTCServer(ServerFamily):
             return ("a fine-tuned encoder's weights do not fit a clipping range; secure rounds "
                     "take FSTC's centres and head with encoder: frozen")
         if params.get("marginal") == "auto":
-            return ("marginal: auto's choice reads the clusters of each worker's own head, "
-                    "which a secure sum would not show; set marginal: learned or equal")
+            return ("marginal: auto's two runs and the clusters its choice reads do not "
+                    "travel in a secure sum yet; set marginal: learned or equal")
         return None
 
     def secure_size(self) -> int:
