@@ -210,20 +210,41 @@ class FSTCServer(ServerFamily):
         if params.get("encoder", "frozen") == "finetune":
             return ("a fine-tuned encoder's weights do not fit a clipping range; secure rounds "
                     "take FSTC's centres and head with encoder: frozen")
-        if params.get("marginal") == "auto":
-            return ("marginal: auto's two runs and the clusters its choice reads do not "
-                    "travel in a secure sum yet; set marginal: learned or equal")
         return None
 
+    def _secure_blocks(self) -> list[tuple[str, bool, bool]]:
+        """The blocks of this round's secure vector, in the workers' order (``secure_vector``):
+        (run prefix, with the head, of the ``predicted_*`` centres)."""
+        meta = self.global_.meta
+        heads = bool(meta.get("final") or meta.get("heads"))
+        judged = self.params.marginal == "auto" and bool(meta.get("final"))
+        blocks = []
+        for prefix in self.prefixes.values():
+            blocks.append((prefix, heads, False))
+            if judged:
+                blocks.append((prefix, False, True))
+        return blocks
+
     def secure_size(self) -> int:
-        return centers_size(self.n_clusters, self.dim, bool(self.global_.meta.get("final")))
+        return sum(centers_size(self.n_clusters, self.dim, heads)
+                   for _, heads, _ in self._secure_blocks())
 
     def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
-        return centers_from_sum(total, self.n_clusters, self.dim,
-                                bool(self.global_.meta.get("final")), n_max,
-                                self.global_.arrays[CENTERS], sa.clip)
+        k, dim, at = self.n_clusters, self.dim, 0
+        out: dict[str, np.ndarray] = {}
+        for prefix, heads, predicted in self._secure_blocks():
+            size = centers_size(k, dim, heads)
+            previous = (np.zeros((k, dim), dtype=np.float32) if predicted
+                        else self.global_.arrays[prefix + CENTERS])
+            got = centers_from_sum(total[at:at + size], k, dim, heads, n_max, previous,
+                                   sa.clip)
+            at += size
+            if predicted:
+                got = {PREDICTED_CENTERS: got[CENTERS], PREDICTED_COUNTS: got[COUNTS]}
+            out.update({prefix + name: a for name, a in got.items()})
+        return out
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with

@@ -167,8 +167,19 @@ class FSTCClient(ClientFamily):
                       n_samples: int, n_max: int, clip: float) -> tuple[np.ndarray, float]:
         """Eq. 16 as a sum: each centre weighted by its count over ``n_max``, then those
         weights; in the final round the head weighted by ``n_samples / n_max``, then that
-        weight (what ``master.families.fstc.FSTCServer.secure_result`` reads back)."""
-        return centers_as_sum(arrays, n_samples, n_max, clip)
+        weight (what ``master.families.fstc.FSTCServer.secure_result`` reads back). Under
+        ``marginal: auto``, the learned run's block, then the equal run's, each followed in the
+        final round by the same sum of its ``predicted_*`` centres."""
+        blocks = []
+        for marginal in self.params.marginals:
+            run = run_arrays(arrays, run_prefix(marginal, self.params.marginal))
+            blocks.append(run)
+            if PREDICTED_CENTERS in run:
+                blocks.append({CENTERS: run[PREDICTED_CENTERS], COUNTS: run[PREDICTED_COUNTS]})
+        sums = [centers_as_sum(b, n_samples, n_max, clip) for b in blocks]
+        vector = np.concatenate([v for v, _ in sums])
+        clipped = sum(share * v.size for v, share in sums) / max(vector.size, 1)
+        return vector, clipped
 
     def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                      ) -> dict[str, float]:
