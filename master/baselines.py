@@ -22,7 +22,7 @@ import numpy as np
 from common.data.shards import LocalData, local_data, sentence_features, simulated, worker_seed
 from common.data.text import bow_matrix
 from common.eval.topics import neural_topic_scores
-from common.models.fstc import CENTERS, fit_clusterer, score_clustering
+from common.models.fstc import CENTERS, score_clustering
 from common.models.nmf import heldout_scores
 from common.models.numerics import flush_denormals
 from master.families.base import ServerFamily
@@ -142,7 +142,7 @@ def fstc_baselines(family: FSTCServer) -> Baselines | None:
             for n, s in shards.items()}
     everything = np.concatenate(list(rows.values()))
     budget = cfg.rounds * p.iterations
-    central = fit_clusterer(p, k, X[everything], random_state=cfg.seed, iterations=budget)
+    central = p.clusterer(k, random_state=cfg.seed, iterations=budget).fit(X[everything])
     if "head.weight" in family.global_.arrays:
         federated = p.clusterer(k).set_arrays(family.global_.arrays).predict(X)
     else:  # no final model came back: the global centres' clustering
@@ -151,8 +151,8 @@ def fstc_baselines(family: FSTCServer) -> Baselines | None:
     central_pred = central.predict(X)
     pooled = {}
     for name, r in rows.items():
-        local = fit_clusterer(p, k, X[r], random_state=worker_seed(cfg, name),
-                              iterations=budget)
+        local = p.clusterer(k, random_state=worker_seed(cfg, name), iterations=budget)
+        local.fit(X[r])
         pooled[f"local-only {name}"] = local.score(X[everything], _rows(y, everything))
     pooled["federated"] = score_clustering(_rows(y, everything), federated[everything])
     pooled["centralized"] = score_clustering(_rows(y, everything), central_pred[everything])

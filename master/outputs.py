@@ -94,12 +94,6 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
         table += (f"\n\nFSTC moved far from its k-FED start on {', '.join(far)} (NMI between "
                   f"the final clusters and the start under {FAR_FROM_START_NMI:g}): with "
                   f"unequal clusters that has meant worse clusters; see docs/FSTC.md.")
-    chosen = getattr(getattr(family, "global_", None), "meta", {}).get("marginal")
-    if chosen:  # FSTC's marginal: auto
-        compact = family.global_.meta.get("compactness") or {}
-        table += (f"\n\nFSTC's marginal: auto kept the {chosen} cluster sizes (compactness of "
-                  + ", ".join(f"{b} {v:.4f}" for b, v in compact.items())
-                  + "; see docs/FSTC.md).")
     privacy = run.get("privacy")
     if privacy:
         spent = [f"{label} ε {privacy[key]:.2f}" for key, label in

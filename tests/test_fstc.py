@@ -21,22 +21,17 @@ from common.data.partitions import partition
 from common.data.reading import read_jsonl
 from common.eval.clustering import clustering_accuracy
 from common.models.fstc import (
-    AUTO_MAX_DROP,
     FederatedFSTC,
     FSTCClusterer,
     FSTCParams,
     GaussianUniformMixture,
     aggregate_centers,
-    choose_marginal,
-    compactness,
     hard_centers,
     nearest_neighbors,
     neighbor_view,
     pseudo_labels,
     refresh_schedule,
     robust_weights,
-    run_arrays,
-    run_prefix,
     sharpen,
     sinkhorn,
 )
@@ -228,8 +223,6 @@ def test_params_refuse_bad_settings() -> None:
         FSTCParams(balance_weight=-1)
     with pytest.raises(ValueError, match="marginal: expected one of learned, equal"):
         FSTCParams(marginal="uniform")
-    with pytest.raises(ValueError, match="learned, equal, auto"):
-        FSTCParams(marginal="sizes")
     with pytest.raises(ValueError, match="marginal_weight"):
         FSTCParams(marginal_weight=0)
     model = FSTCParams(neighbor_lsa_dims=16, neighbor_lsa_weight=0.7).clusterer(5)
@@ -237,57 +230,6 @@ def test_params_refuse_bad_settings() -> None:
     assert (model.marginal, model.marginal_weight) == ("learned", 0.01)  # the defaults
     model = FSTCParams(marginal="equal", marginal_weight=0.5).clusterer(5)
     assert (model.marginal, model.marginal_weight) == ("equal", 0.5)
-    # marginal: auto is two clusterers, one per marginal; alone it is not a clusterer's.
-    auto = FSTCParams(marginal="auto")
-    assert auto.marginals == ("learned", "equal")
-    assert [auto.clusterer(5, marginal=b).marginal for b in auto.marginals] == list(
-        auto.marginals)
-    assert auto.clusterer(5).marginal == "learned"
-    with pytest.raises(ValueError, match="these parameters train equal"):
-        FSTCParams(marginal="equal").clusterer(5, marginal="learned")
-    with pytest.raises(ValueError, match="marginal must be one of"):
-        FSTCClusterer(5, marginal="auto")
-    with pytest.raises(ValueError, match="two encoders"):
-        FSTCParams(marginal="auto", encoder="finetune")
-
-
-def test_compactness_is_the_mean_cosine_to_each_clusters_direction() -> None:
-    rng = np.random.default_rng(0)
-    H = rng.normal(size=(60, 8))
-    H /= np.linalg.norm(H, axis=1, keepdims=True)
-    labels = rng.integers(0, 4, size=60)
-    labels[:4] = np.arange(4)  # every cluster held
-    centers, counts = hard_centers(H, labels, 4)
-    directions = centers / np.linalg.norm(centers, axis=1, keepdims=True)
-    by_hand = np.mean(np.sum(H * directions[labels], axis=1))
-    assert compactness(centers, counts) == pytest.approx(by_hand, rel=1e-6)
-    # One cluster of everything is the loosest; each row its own cluster the tightest.
-    one = compactness(*hard_centers(H, np.zeros(60, dtype=int), 4))
-    alone = compactness(*hard_centers(H, np.arange(60), 60))
-    assert one < compactness(centers, counts) < alone == pytest.approx(1.0)
-    # Eq. 16 over two halves gives the whole's compactness: the master's reading.
-    a, b = hard_centers(H[:30], labels[:30], 4), hard_centers(H[30:], labels[30:], 4)
-    merged = aggregate_centers([a[0], b[0]], [a[1], b[1]])
-    assert compactness(merged, a[1] + b[1]) == pytest.approx(by_hand, rel=1e-6)
-
-
-def test_choose_marginal_keeps_learned_sizes_unless_they_cost_compactness() -> None:
-    assert choose_marginal(0.50, 0.50) == "learned"
-    assert choose_marginal(0.51, 0.50) == "learned"
-    drop = AUTO_MAX_DROP
-    assert choose_marginal(0.50 * (1 - drop / 2), 0.50) == "learned"
-    assert choose_marginal(0.50 * (1 - 2 * drop), 0.50) == "equal"
-    assert choose_marginal(0.40, 0.50, max_drop=0.25) == "learned"
-    assert choose_marginal(0.40, 0.50, max_drop=0.1) == "equal"
-
-
-def test_run_arrays_keep_the_two_runs_of_auto_apart() -> None:
-    arrays = {"centers": 1, "counts": 2, "equal.centers": 3, "equal.head.weight": 4,
-              "head.weight": 5}
-    assert run_prefix("learned", "auto") == "" and run_prefix("equal", "equal") == ""
-    assert run_prefix("equal", "auto") == "equal."
-    assert run_arrays(arrays, "") == {"centers": 1, "counts": 2, "head.weight": 5}
-    assert run_arrays(arrays, "equal.") == {"centers": 3, "head.weight": 4}
 
 
 def test_neighbor_view_without_texts_or_a_vocabulary_is_the_embedding() -> None:
@@ -472,37 +414,6 @@ def test_federated_fstc_in_process_beats_its_kfed_start(subset: tuple) -> None:
     assert [h["loss_align"] > 0 for h in fed.clients_[0].history_] == [True] * rounds
 
 
-def test_auto_marginal_trains_both_runs_and_keeps_the_one_chosen(subset: tuple) -> None:
-    """marginal: auto is the learned and the equal run side by side, each what it is alone
-    (same seeds), and keeps the one choose_marginal picks from their compactness."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from fstc_sets import power_law_rows
-
-    X, y, texts = subset
-    rows = power_law_rows(y, ratio=10)
-    Xs, ys = X[rows], np.unique(y[rows], return_inverse=True)[1]
-    parts = partition(ys, 2, scheme="iid", seed=0)
-    feats = [Xs[p] for p in parts]
-
-    def fed(marginal: str) -> FederatedFSTC:
-        return FederatedFSTC(FSTCParams(iterations=40, align_weight=0.01, marginal=marginal),
-                             K, rounds=2, random_state=0).fit(feats)
-
-    auto, alone = fed("auto"), {b: fed(b) for b in ("learned", "equal")}
-    assert auto.compactness_ == pytest.approx(
-        {b: f.compactness_[b] for b, f in alone.items()}, rel=1e-9)
-    assert auto.marginal_ == choose_marginal(auto.compactness_["learned"],
-                                             auto.compactness_["equal"])
-    kept = alone[auto.marginal_]
-    assert (auto.predict(Xs) == kept.predict(Xs)).all()
-    np.testing.assert_array_equal(auto.global_centers_, kept.global_centers_)
-    assert [c.marginal for c in auto.clients_] == [auto.marginal_] * 2
-    # Its compactness is that of the averaged head's clusters after the round before the last.
-    assert 0 < auto.compactness_["learned"] < 1 and 0 < auto.compactness_["equal"] < 1
-
-
 def test_kfed_and_federated_vocabulary(subset: tuple) -> None:
     X, y, texts = subset
     parts = partition(y, 4, scheme="iid", seed=0)
@@ -607,66 +518,3 @@ def test_fstc_cluster_raises_acc_above_its_initialization(
     with np.load(out / "model.npz") as npz:
         assert {n: npz[n].shape for n in npz.files} == {
             "centers": (K, 384), "head.weight": (K, 384), "head.bias": (K,)}
-
-
-def test_auto_marginal_over_a_real_cluster_keeps_one_run_and_says_which(
-        tmp_path: Path, subset_cache: Path) -> None:
-    """marginal: auto through a master and three workers over TCP loopback (worker threads of
-    this process): both runs travel side by side, the round before the last brings the heads
-    up, the last judges their averages, and the final model is the kept run's alone."""
-    import threading
-
-    from common.config import parse_config
-    from master.server import Master
-    from tests.conftest import config_dict, start_worker_threads
-
-    rounds, k = 3, K
-    raw = config_dict(tmp_path / "out", subset_cache, ["w1", "w2", "w3"], rounds,
-                      model={"family": "fstc", "iterations": 30, "align_weight": 0.01,
-                             "marginal": "auto"},
-                      data={"path": str(SUBSET), "task": "multiclass", "partition": "iid",
-                            "limit": None, "cache_dir": str(subset_cache)},
-                      baselines=True)
-    cfg = parse_config(raw, source=str(tmp_path))
-    master = Master(cfg)
-    master.bind()
-    server = threading.Thread(target=master.serve, daemon=True)
-    server.start()
-    reports: dict = {}
-    errors: list[BaseException] = []
-    threads = start_worker_threads(cfg, ["w1", "w2", "w3"], reports, errors)
-    try:
-        for t in [*threads, server]:
-            t.join(timeout=240)
-    finally:
-        master.close()
-    assert not errors, errors
-    assert not server.is_alive(), "the master did not finish"
-
-    out = tmp_path / "out"
-    centers_bytes = k * 384 * 4
-    down = [e["broadcast_bytes"] for e in events(out, "round")]
-    # Round 1: both runs' centres and start head; round 2: both runs' centres; round 3: both
-    # runs' centres and averaged heads (of round 2).
-    assert down[0] > 4 * centers_bytes and 2 * centers_bytes < down[1] < 3 * centers_bytes
-    assert down[2] > 4 * centers_bytes, down
-    up = {r: [e["bytes_out"] for e in events(out, "worker_round") if e["round"] == r]
-          for r in (1, 2, 3)}
-    assert all(2 * centers_bytes < b < 3 * centers_bytes for b in up[1]), up
-    assert all(4 * centers_bytes < b < 5 * centers_bytes for b in up[2]), up  # + both heads
-    assert all(b > 6 * centers_bytes for b in up[3]), up  # + the clusters of both averages
-
-    info = json.loads((out / "model.json").read_text())["meta"]
-    assert info["marginal"] in ("learned", "equal")
-    assert info["marginal"] == choose_marginal(info["compactness"]["learned"],
-                                               info["compactness"]["equal"])
-    assert all(0 < v < 1 for v in info["compactness"].values())
-    with np.load(out / "model.npz") as npz:  # the kept run's, under the plain names
-        assert {n: npz[n].shape for n in npz.files} == {
-            "centers": (k, 384), "head.weight": (k, 384), "head.bias": (k,)}
-    table = (out / "comparison.md").read_text()
-    assert f"marginal: auto kept the {info['marginal']} cluster sizes" in table
-    # The baselines made the same choice on their own data and scored.
-    assert all(r["local_only"]["accuracy"] > 0 for r in reports.values())
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["pooled"]["centralized"]["accuracy"] > 0

@@ -74,31 +74,16 @@ from common.state import generator_state, set_generator_state
 
 #: Names of the arrays a worker uploads and the master publishes.
 CENTERS, COUNTS = "centers", "counts"
-#: Under ``marginal="auto"``, the final round's hard centres and counts of the rows by each
-#: worker's own head (argmax P), for the master's :func:`choose_marginal`.
-PREDICTED_CENTERS, PREDICTED_COUNTS = "predicted_centers", "predicted_counts"
 
-__all__ = ["CENTERS", "COUNTS", "PREDICTED_CENTERS", "PREDICTED_COUNTS", "VARIANTS",
-           "MARGINALS", "ENCODERS", "INITS", "sinkhorn", "sharpen",
+__all__ = ["CENTERS", "COUNTS", "VARIANTS", "MARGINALS", "ENCODERS", "INITS", "sinkhorn", "sharpen",
            "pseudo_labels",
            "refresh_schedule", "GaussianUniformMixture", "robust_weights", "hard_centers",
            "nearest_neighbors", "neighbor_view",
            "aggregate_centers", "FSTCParams", "FSTCClusterer", "FederatedFSTC",
-           "score_clustering", "compactness", "choose_marginal", "fit_clusterer", "head_centers",
-           "run_arrays", "run_prefix",
-           "AUTO_MAX_DROP"]
+           "score_clustering"]
 
 VARIANTS = ("stc", "rstc", "fstc")
-#: ``auto`` trains a learned-marginal and an equal-marginal run side by side and keeps one
-#: (:func:`choose_marginal`).
-MARGINALS = ("learned", "equal", "auto")
-#: ``marginal="auto"`` keeps the learned sizes unless their clusters are less compact than the
-#: equal sizes' by more than this share (:func:`choose_marginal`). Set on the development sets
-#: only (docs/FSTC.md, "Choosing the marginal").
-AUTO_MAX_DROP = 0.036
-#: Under ``marginal="auto"``, the equal run's arrays travel under this prefix beside the learned
-#: run's (``equal.centers``, ``equal.counts``, ``equal.head.weight``...).
-EQUAL_PREFIX = "equal."
+MARGINALS = ("learned", "equal")
 ENCODERS = ("frozen", "finetune")
 INITS = ("kfed", "pooled")
 
@@ -436,69 +421,6 @@ def aggregate_centers(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray
     return out.astype(np.float32)
 
 
-def compactness(centers: np.ndarray, counts: np.ndarray) -> float:
-    """Σ_k n_k ‖C_k‖ / Σ_k n_k of hard centres ``centers`` (K × d) and their ``counts``.
-
-    With unit-length representations (all-MiniLM-L6-v2's are), n_k ‖C_k‖ is the sum of the
-    cosines of cluster k's rows to their mean direction, so this is spherical k-means'
-    objective per row: higher means tighter clusters. It needs only what eq. 16 already
-    combines, so the master reads it off a round's aggregate.
-    """
-    C = np.asarray(centers, dtype=np.float64)
-    n = np.asarray(counts, dtype=np.float64)
-    return float((n * np.linalg.norm(C, axis=1)).sum() / max(n.sum(), 1e-12))
-
-
-def head_centers(model: FSTCClusterer, X: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The hard centres and counts of the rows of ``X`` by ``model``'s head (argmax P), what
-    :func:`compactness` of a run's final clusters reads."""
-    return hard_centers(model.transform(X), model.predict(X), model.n_clusters)
-
-
-def choose_marginal(compact_learned: float, compact_equal: float,
-                    max_drop: float | None = None) -> str:
-    """``marginal="auto"``'s choice between its two runs: ``"learned"`` unless the learned
-    sizes' clusters are less compact (:func:`compactness`) than the equal sizes' by more than
-    ``max_drop`` of the latter.
-
-    Why compactness: learning the sizes pays some of it either way, since k-means (the start)
-    optimizes it and the learned marginal merges what k-means split. Merging two halves of one
-    large class costs little; merging two true classes (on data whose clusters are equal) costs
-    several times more. ``max_drop`` (None: :data:`AUTO_MAX_DROP`) lies between the two on
-    the development sets.
-    """
-    max_drop = AUTO_MAX_DROP if max_drop is None else max_drop
-    return "equal" if compact_learned < (1.0 - max_drop) * compact_equal else "learned"
-
-
-def fit_clusterer(params: FSTCParams, n_clusters: int, X: Any,
-                  texts: Sequence[str] | None = None, random_state: int = 0,
-                  iterations: int | None = None, device: str = "cpu") -> FSTCClusterer:
-    """One clusterer trained on ``X`` alone in one call (a baseline: local-only or
-    centralized); under ``marginal="auto"`` both runs, keeping the one :func:`choose_marginal`
-    picks by their heads' own clusters, as the federated run does."""
-    fits = {b: params.clusterer(n_clusters, random_state=random_state, device=device,
-                                iterations=iterations, marginal=b).fit(X, texts=texts)
-            for b in params.marginals}
-    if len(fits) == 1:
-        return next(iter(fits.values()))
-    compact = {b: compactness(*head_centers(m, X)) for b, m in fits.items()}
-    return fits[choose_marginal(compact["learned"], compact["equal"])]
-
-
-def run_prefix(marginal: str, params_marginal: str) -> str:
-    """The prefix of the arrays of the run with marginal ``marginal``: none, except for the
-    equal run beside a learned one under ``marginal="auto"`` (:data:`EQUAL_PREFIX`)."""
-    return EQUAL_PREFIX if params_marginal == "auto" and marginal == "equal" else ""
-
-
-def run_arrays(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """The arrays of one run (``prefix`` from :func:`run_prefix`), under their plain names."""
-    if prefix:
-        return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-    return {k: v for k, v in arrays.items() if not k.startswith(EQUAL_PREFIX)}
-
-
 def centers_as_sum(arrays: Mapping[str, np.ndarray], n_samples: int, n_max: int, clip: float
                    ) -> tuple[np.ndarray, float]:
     """A worker's eq. 16 terms as one vector for secure aggregation (whose sum is all the
@@ -613,12 +535,10 @@ class FSTCParams:
         Weight of KL(mean P of the batch ‖ b), b the transport's marginal (uniform when
         ``marginal="equal"``): it keeps the head's cluster sizes where the transport puts them;
         0 turns it off (the paper's FSTC).
-    marginal : {"learned", "equal", "auto"}, default "learned"
+    marginal : {"learned", "equal"}, default "learned"
         The transport's cluster sizes: ``learned`` with the transport (a self-adaptive
         marginal under a log barrier, :func:`sinkhorn`), ``equal`` the paper's N/K each, for
-        data known to have equal clusters; ``auto`` trains both side by side (twice the
-        training; nothing else doubles but the centres that travel) and keeps one by
-        :func:`choose_marginal`.
+        data known to have equal clusters.
     marginal_weight : float, default 0.01
         τ of the learned marginal's barrier: larger keeps the sizes nearer equal.
     """
@@ -650,9 +570,6 @@ class FSTCParams:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
-        if self.marginal == "auto" and self.encoder == "finetune":
-            raise ValueError("marginal: auto trains two runs side by side, which with encoder: "
-                             "finetune is two encoders; set marginal: learned or equal")
         if self.n_clusters < 0 or self.n_clusters == 1:
             raise ValueError("n_clusters: expected 0 (the number of classes) or >= 2")
         for name in ("iterations", "batch_size", "n_refresh", "max_length"):
@@ -669,23 +586,11 @@ class FSTCParams:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a number > 0")
 
-    @property
-    def marginals(self) -> tuple[str, ...]:
-        """The marginals of the runs a worker trains: ``("learned", "equal")`` under
-        ``auto``, else the one."""
-        return ("learned", "equal") if self.marginal == "auto" else (self.marginal,)
-
     def clusterer(self, n_clusters: int, total_iterations: int | None = None,
-                  random_state: int = 0, device: str = "cpu", iterations: int | None = None,
-                  marginal: str | None = None) -> FSTCClusterer:
+                  random_state: int = 0, device: str = "cpu", iterations: int | None = None
+                  ) -> FSTCClusterer:
         """A fresh :class:`FSTCClusterer` with these hyperparameters (``iterations`` overrides
-        the per-round count, e.g. for a whole run in one call; ``marginal`` the marginal, one of
-        :attr:`marginals`, by default the first: the learned one under ``auto``, which is also
-        what a clusterer that only predicts needs)."""
-        marginal = marginal or self.marginals[0]
-        if marginal not in self.marginals:
-            raise ValueError(f"marginal {marginal!r}: these parameters train "
-                             f"{' and '.join(self.marginals)}")
+        the per-round count, e.g. for a whole run in one call)."""
         return FSTCClusterer(n_clusters, variant=self.variant, align_weight=self.align_weight,
                              lr_head=self.lr_head, lr_encoder=self.lr_encoder,
                              iterations=iterations or self.iterations,
@@ -696,7 +601,7 @@ class FSTCParams:
                              neighbors=self.neighbors, neighbor_weight=self.neighbor_weight,
                              neighbor_lsa_dims=self.neighbor_lsa_dims,
                              neighbor_lsa_weight=self.neighbor_lsa_weight,
-                             balance_weight=self.balance_weight, marginal=marginal,
+                             balance_weight=self.balance_weight, marginal=self.marginal,
                              marginal_weight=self.marginal_weight,
                              random_state=random_state, device=device)
 
@@ -790,8 +695,8 @@ class FSTCClusterer:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
-        if marginal not in MARGINALS[:2]:  # "auto" is two clusterers (FSTCParams.marginals)
-            raise ValueError(f"marginal must be one of {MARGINALS[:2]}, got {marginal!r}")
+        if marginal not in MARGINALS:
+            raise ValueError(f"marginal must be one of {MARGINALS}, got {marginal!r}")
         self.n_clusters = n_clusters
         self.variant = variant
         self.align_weight = align_weight
@@ -1155,11 +1060,6 @@ class FederatedFSTC:
     clients_ : list of FSTCClusterer
     model_ : FSTCClusterer
         The global model (averaged heads).
-    marginal_ : {"learned", "equal"}
-        The marginal of the run kept (``marginal="auto"``: the one :func:`choose_marginal`
-        picked; the others: theirs).
-    compactness_ : dict
-        :func:`compactness` of each run's last round, by marginal.
     """
 
     def __init__(self, params: FSTCParams, n_clusters: int, rounds: int = 40,
@@ -1197,51 +1097,30 @@ class FederatedFSTC:
     def _fit(self, parts: Sequence[Any], init_centers: np.ndarray | None,
              texts: Sequence[Sequence[str]] | None = None) -> FederatedFSTC:
         p, k = self.params, self.n_clusters
-        runs = {b: [p.clusterer(k, self.rounds * p.iterations, self.random_state + 1000 + m,
-                                self.device, marginal=b) for m in range(len(parts))]
-                for b in p.marginals}
+        clients = [p.clusterer(k, self.rounds * p.iterations, self.random_state + 1000 + m,
+                               self.device) for m in range(len(parts))]
         if init_centers is None:
-            first = runs[p.marginals[0]]
             reps = (list(parts) if p.encoder == "frozen"
-                    else [c.transform(X) for c, X in zip(first, parts, strict=True)])
+                    else [c.transform(X) for c, X in zip(clients, parts, strict=True)])
             init_centers = self.initial_centers(reps)
         self.init_centers_ = np.asarray(init_centers, dtype=np.float32)
-        ends, self.compactness_ = {}, {}
-        for b, clients in runs.items():
-            for c in clients:
-                c.init_from_centers(self.init_centers_)
-            centers = self.init_centers_
-            judge = None  # the averaged head of the round before the last (marginal="auto")
-            for r in range(self.rounds):
-                for m, (c, X) in enumerate(zip(clients, parts, strict=True)):
-                    c.fit(X, centers, texts=None if texts is None else texts[m])
-                centers = aggregate_centers([c.cluster_centers_ for c in clients],
-                                            [c.counts_ for c in clients], centers)
-                if r == self.rounds - 2:
-                    judge = self._average(clients, parts)
-            ends[b] = centers
-            # As the master reads it: the hard centres of each client's rows by that head.
-            judge = judge if judge is not None else self._average(clients, parts)
-            own = [head_centers(judge, X) for X in parts]
-            self.compactness_[b] = compactness(aggregate_centers(*zip(*own, strict=True)),
-                                               np.sum([n for _, n in own], axis=0))
-        self.marginal_ = (choose_marginal(self.compactness_["learned"],
-                                          self.compactness_["equal"])
-                          if p.marginal == "auto" else p.marginal)
-        self.global_centers_ = ends[self.marginal_]
-        self.clients_ = runs[self.marginal_]
-        self.model_ = self._average(self.clients_, parts)
-        return self
-
-    def _average(self, clients: Sequence[FSTCClusterer], parts: Sequence[Any]
-                 ) -> FSTCClusterer:
-        """The sample-weighted average of the clients' heads, as a clusterer."""
+        for c in clients:
+            c.init_from_centers(self.init_centers_)
+        centers = self.init_centers_
+        for _ in range(self.rounds):
+            for m, (c, X) in enumerate(zip(clients, parts, strict=True)):
+                c.fit(X, centers, texts=None if texts is None else texts[m])
+            centers = aggregate_centers([c.cluster_centers_ for c in clients],
+                                        [c.counts_ for c in clients], centers)
+        self.global_centers_ = centers
+        self.clients_ = clients
         sizes = np.array([len(X) for X in parts], dtype=np.float64)
         heads = [c.get_arrays() for c in clients]
         avg = {name: sum(w * h[name] for w, h in zip(sizes / sizes.sum(), heads, strict=True))
                for name in heads[0]}
-        return self.params.clusterer(self.n_clusters, device=self.device).set_arrays(
+        self.model_ = p.clusterer(k, device=self.device).set_arrays(
             {name: a.astype(np.float32) for name, a in avg.items()})
+        return self
 
     def predict(self, X: Any) -> np.ndarray:
         """Clusters of ``X`` under the global (averaged) model."""

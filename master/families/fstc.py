@@ -10,11 +10,6 @@ What travels:
   last round.
 * updates: ``centers`` and ``counts`` (K) every round; in the final round also the worker's
   model (``head.*``, and ``encoder.*`` when fine-tuned).
-* ``marginal: auto``: two runs side by side, the equal one's arrays under the prefix
-  ``equal.`` (``equal.centers``, ``equal.head.weight``...); in the final round each run also
-  uploads ``predicted_centers`` / ``predicted_counts``, the hard centres of the worker's rows
-  by its own head, and the master keeps the run :func:`common.models.fstc.choose_marginal`
-  picks: the final model is that run's, under the plain names.
 """
 
 from __future__ import annotations
@@ -30,20 +25,13 @@ from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
 from common.data.shards import local_data, sentence_features, simulated
 from common.models.fstc import (
-    AUTO_MAX_DROP,
     CENTERS,
     COUNTS,
-    PREDICTED_CENTERS,
-    PREDICTED_COUNTS,
     FSTCClusterer,
     FSTCParams,
     aggregate_centers,
     centers_from_sum,
     centers_size,
-    choose_marginal,
-    compactness,
-    run_arrays,
-    run_prefix,
 )
 from common.models.kfed import combine_centers
 from common.net import errors
@@ -113,11 +101,6 @@ class FSTCServer(ServerFamily):
         if not np.isfinite(arr).all():
             raise ProtocolError("register.info.centers: NaN or Inf", code=errors.BAD_FIELD)
 
-    @property
-    def prefixes(self) -> dict[str, str]:
-        """Marginal -> the prefix of its run's arrays (:func:`run_prefix`)."""
-        return {b: run_prefix(b, self.params.marginal) for b in self.params.marginals}
-
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         ks = {int(info["n_clusters"]) for info in registrations.values()}
         dims = {int(info["dim"]) for info in registrations.values()}
@@ -135,13 +118,10 @@ class FSTCServer(ServerFamily):
         centers = centers.astype(np.float32)
         head = FSTCClusterer(k, temperature=self.params.temperature).init_from_centers(centers)
         self.setup_info_ = {"n_clusters": k, "dim": dim}
-        start = {CENTERS: centers, **head.get_arrays()}
-        self.global_ = Payload(self._meta(0),
-                               {p + name: a for p in self.prefixes.values()
-                                for name, a in start.items()})
+        self.global_ = Payload({"final": self.cfg.rounds == 1},
+                               {CENTERS: centers, **head.get_arrays()})
         log.info("fstc: %d clusters of %d-d representations, %s start from %d worker(s), "
-                 "variant %s, marginal %s", k, dim, self.params.init, len(registrations),
-                 self.params.variant, self.params.marginal)
+                 "variant %s", k, dim, self.params.init, len(registrations), self.params.variant)
         return self.global_
 
     # Read off setup_info_, which checkpoints keep: a resumed master knows K and the feature
@@ -172,21 +152,10 @@ class FSTCServer(ServerFamily):
         """``centers`` (K × dim) and ``counts`` (K), float32; the model's arrays (``head.*``,
         ``encoder.*``) may come along, as float32 and finite."""
         k, dim = self.n_clusters, self.dim
-        shapes = {CENTERS: (k, dim), COUNTS: (k,), "head.weight": (k, dim), "head.bias": (k,)}
-        if self.params.marginal == "auto":
-            shapes.update({PREDICTED_CENTERS: (k, dim), PREDICTED_COUNTS: (k,)})
-        expect = {p + name: shape for p in self.prefixes.values()
-                  for name, shape in shapes.items()}
-        for p in self.prefixes.values():
-            for name in (p + CENTERS, p + COUNTS):
-                if name not in arrays:
-                    raise ProtocolError(f"update without {name!r}", code=errors.SHAPE)
-            for a, b in ((p + PREDICTED_CENTERS, p + PREDICTED_COUNTS),
-                         (p + "head.weight", p + "head.bias")):
-                if (a in arrays) != (b in arrays):
-                    raise ProtocolError(f"{a} and {b} come together", code=errors.SHAPE)
-            if p + PREDICTED_COUNTS in arrays and (arrays[p + PREDICTED_COUNTS] < 0).any():
-                raise ProtocolError("counts must be >= 0", code=errors.REJECTED)
+        expect = {CENTERS: (k, dim), COUNTS: (k,), "head.weight": (k, dim), "head.bias": (k,)}
+        for name in (CENTERS, COUNTS):
+            if name not in arrays:
+                raise ProtocolError(f"update without {name!r}", code=errors.SHAPE)
         for name, a in arrays.items():
             if name not in expect and not name.startswith("encoder."):
                 raise ProtocolError(f"unexpected array {name!r}", code=errors.SHAPE)
@@ -212,94 +181,32 @@ class FSTCServer(ServerFamily):
                     "take FSTC's centres and head with encoder: frozen")
         return None
 
-    def _secure_blocks(self) -> list[tuple[str, bool, bool]]:
-        """The blocks of this round's secure vector, in the workers' order (``secure_vector``):
-        (run prefix, with the head, of the ``predicted_*`` centres)."""
-        meta = self.global_.meta
-        heads = bool(meta.get("final") or meta.get("heads"))
-        judged = self.params.marginal == "auto" and bool(meta.get("final"))
-        blocks = []
-        for prefix in self.prefixes.values():
-            blocks.append((prefix, heads, False))
-            if judged:
-                blocks.append((prefix, False, True))
-        return blocks
-
     def secure_size(self) -> int:
-        return sum(centers_size(self.n_clusters, self.dim, heads)
-                   for _, heads, _ in self._secure_blocks())
+        return centers_size(self.n_clusters, self.dim, bool(self.global_.meta.get("final")))
 
     def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
-        k, dim, at = self.n_clusters, self.dim, 0
-        out: dict[str, np.ndarray] = {}
-        for prefix, heads, predicted in self._secure_blocks():
-            size = centers_size(k, dim, heads)
-            previous = (np.zeros((k, dim), dtype=np.float32) if predicted
-                        else self.global_.arrays[prefix + CENTERS])
-            got = centers_from_sum(total[at:at + size], k, dim, heads, n_max, previous,
-                                   sa.clip)
-            at += size
-            if predicted:
-                got = {PREDICTED_CENTERS: got[CENTERS], PREDICTED_COUNTS: got[COUNTS]}
-            out.update({prefix + name: a for name, a in got.items()})
-        return out
+        return centers_from_sum(total, self.n_clusters, self.dim,
+                                bool(self.global_.meta.get("final")), n_max,
+                                self.global_.arrays[CENTERS], sa.clip)
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with
-        the final round's updates. Under ``marginal: auto``, each run apart, and the final
-        round keeps one (:func:`common.models.fstc.choose_marginal`)."""
-        meta = self._meta(round_)
-        runs = {b: self._aggregate_run([run_arrays(r.arrays, p) for r in results],
-                                       [r.n_samples for r in results],
-                                       run_arrays(self.global_.arrays, p))
-                for b, p in self.prefixes.items()}
-        predicted = {b: run.pop("compactness", None) for b, run in runs.items()}
-        if self.params.marginal == "auto" and None not in predicted.values():
-            keep = choose_marginal(predicted["learned"], predicted["equal"])
-            log.info("fstc: marginal auto keeps the %s sizes (the clusters' compactness: "
-                     "learned %.4f, equal %.4f; learned is kept unless it is %.1f %% lower)",
-                     keep, predicted["learned"], predicted["equal"],
-                     100 * AUTO_MAX_DROP)
-            meta.update(marginal=keep, compactness=predicted)
-            arrays = runs[keep]
-        else:
-            arrays = {self.prefixes[b] + name: a for b, run in runs.items()
-                      for name, a in run.items()}
-        self.global_ = Payload(meta, arrays)
-        return self.global_
-
-    def _meta(self, round_: int) -> dict[str, Any]:
-        """What the payload after round ``round_`` tells the workers: ``final`` for the last
-        round (upload the heads); under ``marginal: auto``, ``heads`` for the one before it,
-        whose averaged heads the last round's uploads judge (``predicted_*``)."""
-        auto = self.params.marginal == "auto"
-        return {"final": round_ + 1 == self.cfg.rounds,
-                **({"heads": True} if auto and round_ + 2 == self.cfg.rounds else {})}
-
-    @staticmethod
-    def _aggregate_run(uploads: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int],
-                       current: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        """One run's aggregate (its arrays under their plain names), with the
-        ``compactness`` of its heads' own clusters when they came."""
-        out: dict[str, Any] = {CENTERS: aggregate_centers(
-            [u[CENTERS] for u in uploads], [u[COUNTS] for u in uploads],
-            previous=current.get(CENTERS))}
-        with_model = [(u, n) for u, n in zip(uploads, sizes, strict=True) if "head.weight" in u]
+        the final round's updates."""
+        centers = aggregate_centers([r.arrays[CENTERS] for r in results],
+                                    [r.arrays[COUNTS] for r in results],
+                                    previous=self.global_.arrays[CENTERS])
+        arrays: dict[str, np.ndarray] = {CENTERS: centers}
+        with_model = [r for r in results if "head.weight" in r.arrays]
         if with_model:
-            skip = {CENTERS, COUNTS, PREDICTED_CENTERS, PREDICTED_COUNTS}
-            names = set(with_model[0][0]) - skip
-            if any(set(u) - skip != names for u, _ in with_model) or any(
-                    u[n].shape != with_model[0][0][n].shape for u, _ in with_model
-                    for n in names):
+            names = set(with_model[0].arrays) - {CENTERS, COUNTS}
+            if any(set(r.arrays) - {CENTERS, COUNTS} != names for r in with_model) or any(
+                    r.arrays[n].shape != with_model[0].arrays[n].shape
+                    for r in with_model for n in names):
                 raise ProtocolError("the workers' models differ in their arrays",
                                     code=errors.REJECTED)
-            out.update(weighted_average([{n: u[n] for n in names} for u, _ in with_model],
-                                        [n for _, n in with_model]))
-        if uploads and all(PREDICTED_CENTERS in u for u in uploads):
-            counts = [u[PREDICTED_COUNTS] for u in uploads]
-            out["compactness"] = compactness(
-                aggregate_centers([u[PREDICTED_CENTERS] for u in uploads], counts),
-                np.sum(counts, axis=0))
-        return out
+            arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
+                                           [r.n_samples for r in with_model]))
+        self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
+        return self.global_

@@ -25,15 +25,9 @@ from common.data.shards import LocalData, sentence_features
 from common.models.fstc import (
     CENTERS,
     COUNTS,
-    PREDICTED_CENTERS,
-    PREDICTED_COUNTS,
     FSTCClusterer,
     FSTCParams,
     centers_as_sum,
-    fit_clusterer,
-    head_centers,
-    run_arrays,
-    run_prefix,
     score_clustering,
     size_signals,
 )
@@ -63,9 +57,7 @@ class FSTCClient(ClientFamily):
         if self.n_clusters < 2:
             raise DataError(f"{data.dataset.path}: no labels to count the clusters by: set "
                             f"model.n_clusters")
-        # One run per marginal it trains: the learned and the equal one side by side under
-        # marginal: auto (their arrays apart by run_prefix), else the one.
-        self.models: dict[str, FSTCClusterer] = {}
+        self.model: FSTCClusterer | None = None
         self.start_labels_: np.ndarray | None = None  # the clusters of the k-FED start
         # torch pays a one-off cost on its first training step; pay it before joining, so it
         # does not count as round 1's training time.
@@ -76,16 +68,9 @@ class FSTCClient(ClientFamily):
     def n_samples(self) -> int:
         return len(self.rows)
 
-    @property
-    def model(self) -> FSTCClusterer | None:
-        """The first run (the learned one under ``marginal: auto``): what the per-round logs,
-        scores and the k-FED start's labels read."""
-        return next(iter(self.models.values()), None)
-
-    def _new_model(self, marginal: str | None = None) -> FSTCClusterer:
+    def _new_model(self) -> FSTCClusterer:
         return self.params.clusterer(self.n_clusters, self.cfg.rounds * self.params.iterations,
-                                     random_state=self.seed, device=self.device,
-                                     marginal=marginal)
+                                     random_state=self.seed, device=self.device)
 
     def registration_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"n_clusters": self.n_clusters,
@@ -102,52 +87,36 @@ class FSTCClient(ClientFamily):
 
     def setup(self, setup: Mapping[str, Any]) -> None:
         self.n_clusters = int(setup["n_clusters"])
-        self.models = {b: self._new_model(b) for b in self.params.marginals}
+        self.model = self._new_model()
 
     def local_state(self) -> dict[str, Any]:
         if self.model is None:
             return {}
-        state = {**self.model.local_state(), "start_labels": self.start_labels_}
-        if "equal" in self.models and self.params.marginal == "auto":
-            state["equal_run"] = self.models["equal"].local_state()
-        return state
+        return {**self.model.local_state(), "start_labels": self.start_labels_}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         if self.model is not None and state:
             self.model.load_local_state(state)
             self.start_labels_ = state.get("start_labels")
-            if state.get("equal_run") is not None and self.params.marginal == "auto":
-                self.models["equal"].load_local_state(state["equal_run"])
 
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
-        out: dict[str, np.ndarray] = {}
-        train_time = 0.0
-        for marginal, model in self.models.items():
-            prefix = run_prefix(marginal, self.params.marginal)
-            mine = run_arrays(arrays, prefix)
-            if model.head_ is None:
-                # Round 1 carries the master's initial head; a worker joining later starts
-                # from the nearest-centre head of the global centres it receives.
-                if "head.weight" in mine:
-                    model.set_arrays(mine)
-                else:
-                    model.init_from_centers(mine[CENTERS])
-            if self.start_labels_ is None:
-                self.start_labels_ = model.predict(self.inputs)
-            t0 = time.perf_counter()
-            model.fit(self.inputs, np.asarray(mine[CENTERS]), texts=self.texts)
-            train_time += time.perf_counter() - t0
-            run = {CENTERS: model.cluster_centers_, COUNTS: model.counts_}
-            if meta.get("final") or meta.get("heads"):
-                run.update(model.get_arrays())
-            if meta.get("final") and self.params.marginal == "auto" and "head.weight" in mine:
-                # The clusters the run's averaged head of the round before draws (argmax P),
-                # for the master's choice between the runs (choose_marginal).
-                judge = self._new_model(marginal).set_arrays(mine)
-                run[PREDICTED_CENTERS], run[PREDICTED_COUNTS] = head_centers(judge, self.inputs)
-            out.update({prefix + name: a for name, a in run.items()})
+        if self.model.head_ is None:
+            # Round 1 carries the master's initial head; a worker joining later starts from the
+            # nearest-centre head of the global centres it receives.
+            if "head.weight" in arrays:
+                self.model.set_arrays(arrays)
+            else:
+                self.model.init_from_centers(arrays[CENTERS])
+        if self.start_labels_ is None:
+            self.start_labels_ = self.model.predict(self.inputs)
+        t0 = time.perf_counter()
+        self.model.fit(self.inputs, np.asarray(arrays[CENTERS]), texts=self.texts)
+        train_time = time.perf_counter() - t0
+        out = {CENTERS: self.model.cluster_centers_, COUNTS: self.model.counts_}
+        if meta.get("final"):
+            out.update(self.model.get_arrays())
         h = self.model.history_[-1]
         # The head's own clusters (argmax P) against the sizes the transport asks for.
         predicted = self.model.predicted_counts_
@@ -167,19 +136,8 @@ class FSTCClient(ClientFamily):
                       n_samples: int, n_max: int, clip: float) -> tuple[np.ndarray, float]:
         """Eq. 16 as a sum: each centre weighted by its count over ``n_max``, then those
         weights; in the final round the head weighted by ``n_samples / n_max``, then that
-        weight (what ``master.families.fstc.FSTCServer.secure_result`` reads back). Under
-        ``marginal: auto``, the learned run's block, then the equal run's, each followed in the
-        final round by the same sum of its ``predicted_*`` centres."""
-        blocks = []
-        for marginal in self.params.marginals:
-            run = run_arrays(arrays, run_prefix(marginal, self.params.marginal))
-            blocks.append(run)
-            if PREDICTED_CENTERS in run:
-                blocks.append({CENTERS: run[PREDICTED_CENTERS], COUNTS: run[PREDICTED_COUNTS]})
-        sums = [centers_as_sum(b, n_samples, n_max, clip) for b in blocks]
-        vector = np.concatenate([v for v, _ in sums])
-        clipped = sum(share * v.size for v, share in sums) / max(vector.size, 1)
-        return vector, clipped
+        weight (what ``master.families.fstc.FSTCServer.secure_result`` reads back)."""
+        return centers_as_sum(arrays, n_samples, n_max, clip)
 
     def final_scores(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
                      ) -> dict[str, float]:
@@ -222,7 +180,8 @@ class FSTCClient(ClientFamily):
     def local_baseline(self) -> dict[str, float]:
         """The same model and budget (rounds × iterations) on this worker's documents alone:
         local k-means start, no global centres."""
-        model = fit_clusterer(self.params, self.n_clusters, self.inputs, texts=self.texts,
-                              random_state=self.seed, device=self.device,
-                              iterations=self.cfg.rounds * self.params.iterations)
+        model = self.params.clusterer(self.n_clusters, random_state=self.seed,
+                                      device=self.device,
+                                      iterations=self.cfg.rounds * self.params.iterations)
+        model.fit(self.inputs, texts=self.texts)
         return model.score(self.inputs, self.y)
