@@ -252,7 +252,8 @@ def main() -> None:
         if any(c["scheme"] == scheme for c in cells):
             lines += [f"## {title}", "", *table(cells, scheme, sets), ""]
     lines += ["## Each cell", "", "![compactness against ACC](" + args.name + ".png)", "",
-              "| set | split | seed | FSBERT | learned | equal | compactness lost | the rule's pick |",
+              "| set | split | seed | FSBERT | learned | equal | compactness lost | "
+              "the rule's pick |",
               "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {TITLES[c['set']]} | {c['scheme']} | {c['seed']} | {c['FSBERT']['acc']:.1f} | "
               f"{c['learned']['acc']:.1f} | {c['equal']['acc']:.1f} | {100 * c['drop']:.2f} % | "
