@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fstc_sets import EQUAL_SETS, SETS, TITLES  # noqa: E402
 from fstc_table2 import N_INIT, RESULTS, _scores, load  # noqa: E402
-from fstc_unequal import ALIGN, ALPHA, DEV  # noqa: E402
+from fstc_unequal import ALIGN, ALPHA, DEV, _mean_std  # noqa: E402
 
 from common.data.partitions import partition  # noqa: E402
 from common.models.fstc import FSTCClusterer, FSTCParams, aggregate_centers  # noqa: E402
@@ -76,8 +76,9 @@ def compactness(model: FSTCClusterer, parts: Sequence[np.ndarray]) -> float:
 def federate(params: FSTCParams, k: int, parts: Sequence[np.ndarray],
              texts: Sequence[Sequence[str]], init: np.ndarray, rounds: int, seed: int
              ) -> tuple[FSTCClusterer, float]:
-    """:class:`common.models.fstc.FederatedFSTC`'s steps; the final averaged head and the
-    compactness of the one averaged after the round before the last."""
+    """:class:`common.models.fstc.FederatedFSTC`'s steps, written out here because the rule
+    reads the head averaged after the round before the last, which that class does not keep;
+    returns the final averaged head and that compactness."""
     clients = [params.clusterer(k, rounds * params.iterations, seed + 1000 + m)
                for m in range(len(parts))]
     for c in clients:
@@ -135,10 +136,6 @@ def _loss(cell: dict[str, Any]) -> float:
     return max(cell["learned"]["acc"], cell["equal"]["acc"]) - cell["auto"]["acc"]
 
 
-def _ms(v: list[float]) -> str:
-    return f"{np.mean(v):.1f} ± {np.std(v):.1f}"
-
-
 def table(cells: list[dict[str, Any]], scheme: str, sets: tuple[str, ...]) -> list[str]:
     lines = ["| set | FSBERT | learned (the default) | equal | the rule's pick | pick − learned, "
              "mean (worst) | picked equal | picked the better run |",
@@ -152,8 +149,8 @@ def table(cells: list[dict[str, Any]], scheme: str, sets: tuple[str, ...]) -> li
         better = sum(c["auto"]["acc"] >= max(c["learned"]["acc"], c["equal"]["acc"])
                      for c in mine)
         dev = " (dev)" if s in DEV else " (held out)"
-        lines.append(f"| {TITLES[s]}{dev} | {_ms(acc['FSBERT'])} | {_ms(acc['learned'])} | "
-                     f"{_ms(acc['equal'])} | {_ms(acc['auto'])} | "
+        means = " | ".join(_mean_std(acc[m]) for m in ("FSBERT", "learned", "equal", "auto"))
+        lines.append(f"| {TITLES[s]}{dev} | {means} | "
                      f"{gain.mean():+.1f} ({gain.min():+.1f}) | "
                      f"{sum(c['kept'] == 'equal' for c in mine)} of {len(mine)} | "
                      f"{better} of {len(mine)} |")
