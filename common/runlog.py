@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,10 @@ class MetricsLog:
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
 
-    def write(self, event: str, **fields: Any) -> None:
+    def write(self, event: str, /, **fields: Any) -> None:
         """Append one event. A number that is not finite is written as ``null``: ``NaN`` and
-        ``Infinity`` are not JSON, and readers (jq, browsers, MLflow) refuse them."""
+        ``Infinity`` are not JSON, and readers (jq, browsers, MLflow) refuse them. ``event`` is
+        positional only, so that a field may have any name (a worker's metric ``self`` too)."""
         record = _finite({"event": event, **fields})
         line = json.dumps(record, default=_jsonable, allow_nan=False)
         with self._lock:
@@ -46,6 +47,10 @@ class MetricsLog:
                 except Exception as exc:  # a tracker's own failure: the log goes on
                     log.warning("tracking: %s stopped: %s", type(sink).__name__, exc)
                     self.sinks.remove(sink)
+
+    def write_record(self, record: Mapping[str, Any]) -> None:
+        """Append an event held as one mapping (its ``event`` field and the rest)."""
+        self.write(record["event"], **{k: v for k, v in record.items() if k != "event"})
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -182,7 +182,10 @@ class CheckpointWriter:
                 log.exception("could not write checkpoint %s", self.path)
             end = time.monotonic()
             for e in events:
-                self.metrics.write(**e)
+                try:
+                    self.metrics.write_record(e)
+                except Exception:  # one unwritable event must not stop the writer (flush waits)
+                    log.exception("could not log event %s", e.get("event"))
             with self._wake:
                 if ckpt is not None:
                     self.last_write_s, self._last_end = end - t0, end

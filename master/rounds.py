@@ -31,6 +31,8 @@ class WorkerState:
     registered_at: float
     last_seen: float
     report: dict[str, Any] | None = None
+    #: The largest weight an update may claim (the family's max_weight), once computed.
+    max_weight: int | None = None
 
     def registration(self) -> dict[str, Any]:
         """What a checkpoint keeps of it."""

@@ -52,9 +52,12 @@ def norm(arrays: Mapping[str, np.ndarray]) -> float:
 def distance(arrays: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> float:
     """Euclidean distance of an update from the model it was built on; its norm where the
     two do not have the same arrays (a family whose uploads are not parameters)."""
-    if set(arrays) != set(base) or any(arrays[n].shape != base[n].shape for n in arrays):
-        return norm(arrays)
-    return math.sqrt(sum(_squares(arrays[n], base[n]) for n in arrays))
+    try:
+        if set(arrays) != set(base) or any(arrays[n].shape != base[n].shape for n in arrays):
+            return norm(arrays)
+        return math.sqrt(sum(_squares(arrays[n], base[n]) for n in arrays))
+    except (TypeError, ValueError):  # arrays no arithmetic applies to: as far out as can be
+        return math.inf
 
 
 def outliers(distances: Mapping[str, float], factor: float = C.NORM_OUTLIER_FACTOR
@@ -91,6 +94,13 @@ def aggregate_problem(before: Mapping[str, np.ndarray], after: Mapping[str, np.n
     if old > 0 and new > limit * old:
         return f"the aggregate's norm {new:.3g} is over {limit:g} times the model's {old:.3g}"
     return None
+
+
+def state_problem(state: Mapping[str, np.ndarray]) -> str | None:
+    """Why a strategy's state after aggregating must not be kept (its numbers are not
+    finite), or None."""
+    floats = {k: v for k, v in state.items() if np.asarray(v).dtype.kind == "f"}
+    return None if math.isfinite(norm(floats)) else "the strategy's state holds NaN or Inf"
 
 
 def cap_weights(results: Sequence[ClientResult], max_fraction: float | None

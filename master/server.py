@@ -320,6 +320,14 @@ class Master:
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
         if (rejoin and self.secure is not None and wid in self.secure.points
                 and self.secure.stage not in (SECURE_DONE, SECURE_FAILED)):
+            if self.secure.attempt >= C.SECAGG_MAX_ATTEMPTS:
+                # Each restart gives the round a new deadline: unbounded, one member's
+                # registrations would hold the round open for ever.
+                why = (f"registered again in round {self.secure.number}'s secure "
+                       f"aggregation after its {C.SECAGG_MAX_ATTEMPTS - 1} restarts")
+                self._exclude(wid, why)
+                raise ProtocolError(f"{wid} is excluded from this job: {why}",
+                                    code=errors.EXCLUDED)
             self._restart_secure(f"{wid} registered again: its secrets went with its old "
                                  f"process")
         if self._first_join is None:
@@ -403,11 +411,14 @@ class Master:
         if ws.worker_id in rnd.results:  # a Lazy Pirate resend: acknowledged, not recounted
             send(self.rep, M.ACK, {"round": rnd.number, "duplicate": True})
             return
-        most = self.family.max_weight(ws.n_samples, ws.info)
+        if ws.max_weight is None:  # once a registration: LDA's sums its whole vocabulary
+            ws.max_weight = self.family.max_weight(ws.n_samples, ws.info)
+        most = ws.max_weight
         if not 1 <= b["n_samples"] <= most:
             raise ProtocolError(f"update: n_samples must be 1-{most}, what {ws.worker_id}'s "
                                 f"registration allows", code=errors.BAD_FIELD)
         M.check_metrics(b["metrics"], "update.metrics")
+        M.check_numeric(msg.arrays, "update")
         if self.secure is not None:
             # A masked input: nothing in it can be checked but its form (master/secagg.py).
             self._same_secure_round(b)
@@ -755,12 +766,18 @@ class Master:
         counted = {w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
         for wid, why in screening.outliers(counted).items():
             self._leave_out(rnd, wid, why)
+        # A strategy's own uploads (SCAFFOLD's control changes) build state the master keeps
+        # and sends on: screened the same way, by their norms.
+        extra = {w: screening.norm(r.extra) for w, r in rnd.results.items() if r.extra}
+        for wid, why in screening.outliers(extra).items():
+            self._leave_out(rnd, wid, f"its strategy arrays: {why}")
         while rnd.results:
             results = screening.cap_weights(rnd.ordered_results(), self.cfg.max_weight_fraction)
             before, strategy_state = self.family.global_, dict(self.family.strategy.state())
             try:
                 after = self.family.aggregate(rnd.number, results).arrays
-                problem = screening.aggregate_problem(before.arrays, after)
+                problem = (screening.aggregate_problem(before.arrays, after)
+                           or screening.state_problem(self.family.strategy.state()))
             except Exception as exc:  # the family's arithmetic failed on these updates
                 log.debug("aggregation failed", exc_info=True)
                 problem = f"aggregation failed ({type(exc).__name__}: {exc})"
@@ -769,7 +786,7 @@ class Master:
             # Undone: the published model and the strategy's moments as they were.
             self.family.global_ = before
             self.family.strategy.load_state(strategy_state)
-            worst = max(rnd.results, key=lambda w: (dist[w], w))
+            worst = max(rnd.results, key=lambda w: (dist[w] + extra.get(w, 0.0), w))
             self._leave_out(rnd, worst, f"{problem}; left out as the update furthest out")
         log.warning("round %d: no update to aggregate: the model stays as it was", rnd.number)
         return False
@@ -887,7 +904,7 @@ class Master:
                   for e in read_metrics(self.out / "metrics.jsonl")}
         for e in m.get("events", []):
             if (e["event"], e.get("round"), e.get("worker")) not in logged:
-                self.metrics.write(**e)
+                self.metrics.write_record(e)
         self._resume_at = now + C.RESUME_GRACE
         self._training_since = now
         self._checkpoints.written_base = m.get("resume_base")

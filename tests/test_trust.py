@@ -380,3 +380,153 @@ def test_a_worker_abstaining_from_every_step_is_excluded_and_the_others_train(
     assert "w1" in summary["excluded"], summary
     assert summary["trained"]["steps"] >= steps, summary["trained"]
     assert set(summary["workers"]) >= {"w2", "w3"}, summary
+
+
+def _round_open(master: Master) -> tuple[int, int, dict[str, np.ndarray]]:
+    """The open round's number, the model version and the model it was sent (read in-process:
+    the attacks below need no subscription)."""
+    wait_for(lambda: master.open is not None, 20, "a round to open")
+    rnd = master.open
+    assert rnd is not None
+    return rnd.number, master.version, {
+        n: np.array(a) for n, a in master.family.payload_for("w1").arrays.items()}
+
+
+def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """A metric named ``self`` once clashed with the log writer's own argument: its thread died
+    and the master waited for it for ever at the end. A text array once reached the
+    screening's arithmetic and killed the master. Both are now harmless: the metric is logged,
+    the array refused as not numbers."""
+    config = _config(make_config, tmp_path, rounds=2, min_workers=3)
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2", "w3")}
+        for w, h in clients.items():
+            assert h.code("register", {"worker_id": w, "n_samples": 100, "device": "cpu",
+                                       "info": HONEST_INFO}) == "welcome"
+        for _ in range(2):
+            rnd, version, model = _round_open(master)
+            up = {"round": rnd, "version": version, "n_samples": 100}
+            assert clients["w2"].code("update", {**up, "worker_id": "w2", "metrics": {}},
+                                      {"abstain": np.array(["abc"])}) == "dtype"
+            for w in clients:
+                metrics = {"self": 1.0, "train_time": 0.1} if w == "w1" else {}
+                assert clients[w].code("update", {**up, "worker_id": w, "metrics": metrics},
+                                       model) == "ack"
+            wait_for(lambda r=rnd: master.open is None or master.open.number > r, 20,
+                     "the round to close")
+        wait_for(lambda: master.phase == "reporting", 20, "the reporting phase")
+        flush = threading.Thread(target=master._checkpoints.flush, daemon=True)
+        flush.start()
+        flush.join(timeout=10)
+        assert not flush.is_alive(), "the log writer died: flush() waits for ever"
+        assert thread.is_alive()
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["self"] for e in logged if e["event"] == "worker_round" and e["worker"] == "w1"
+            ] == [1.0, 1.0]
+
+
+def test_a_poisoned_scaffold_control_change_is_left_out(tmp_path: Path,
+                                                       make_config: MakeConfig) -> None:
+    """SCAFFOLD's control changes build the state the master keeps and sends to everyone: one
+    member's, at float32's largest, is screened out by its norm as a model update would be,
+    and the control variate stays finite."""
+    from common.constants import SCAFFOLD_CHANGE
+
+    config = _config(make_config, tmp_path, rounds=2, min_workers=3, strategy="scaffold")
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2", "w3")}
+        for w, h in clients.items():
+            assert h.code("register", {"worker_id": w, "n_samples": 100, "device": "cpu",
+                                       "info": HONEST_INFO}) == "welcome"
+        rnd, version, model = _round_open(master)
+        for i, (w, h) in enumerate(clients.items()):
+            fill = np.finfo(np.float32).max if w == "w1" else 1e-3 * (i + 1)
+            dc = {SCAFFOLD_CHANGE + n: np.full(a.shape, fill, np.float32)
+                  for n, a in model.items()}
+            assert h.code("update", {"worker_id": w, "round": rnd, "version": version,
+                                     "n_samples": 100, "metrics": {}},
+                          {**model, **dc}) == "ack"
+        wait_for(lambda: master.open is None or master.open.number > rnd, 20,
+                 "the round to close")
+        assert thread.is_alive()
+        control = master.family.strategy.control_
+        assert control and all(np.abs(c).max() < 1 for c in control.values())
+        assert master.refused["w1"]["outlier"] == 1 and not master.refused["w2"]["outlier"]
+
+
+def test_sync_batch_norm_uploads_are_checked_for_their_form() -> None:
+    """An abstention is an empty float array, as workers send it; a sum of squares is never
+    negative (a negative one made the published variance negative and every honest worker's
+    next upload NaN)."""
+    from common.config import parse_config
+    from common.models.ntm_sync_bn import ABSTAIN, N_PHASES
+    from common.net.wire import ProtocolError
+    from master.families.ntm import ProdLDAServer
+    from master.strategies import make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
+                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
+                                  "min_df": 1}}, "<test>")
+    server = ProdLDAServer(cfg, make_strategy("fedavg"))
+    server.setup({w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)},
+                      "n_docs": 5} for i, w in enumerate(["w1", "w2"])})
+    server.check_update({ABSTAIN: np.zeros(0)})
+    for bad in (np.array(["abc"]), np.zeros(3), np.zeros(0, np.int64)):
+        with pytest.raises(ProtocolError):
+            server.check_update({ABSTAIN: bad})
+    checked = 0
+    for phase in range(N_PHASES):
+        server.phase_ = phase
+        expected = server.reducer_.expected_upload(phase)
+        good = {n: np.ones(shape, dtype) for n, (shape, dtype) in expected.items()}
+        server.check_update(good)
+        if "m2" in good:
+            with pytest.raises(ProtocolError, match="negative"):
+                server.check_update({**good, "m2": -good["m2"]})
+            checked += 1
+    assert checked
+
+
+def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() -> None:
+    """Bytes in a registration's centres (numpy reads b"1" as 1.0) are refused: they would
+    stop every later checkpoint, which writes registrations as JSON. A head sent before the
+    final round would be published as the global head. In the final round, one member's odd
+    encoder arrays leave that member out of the model's average rather than fail the round."""
+    from common.config import parse_config
+    from common.net.wire import ProtocolError
+    from master.families.fstc import FSTCServer
+    from master.strategies import ClientResult, make_strategy
+
+    k, dim = 3, 4
+    cfg = parse_config({"workers": ["w1", "w2", "w3"], "rounds": 2,
+                        "model": {"family": "fstc", "n_clusters": k, "encoder": "finetune"}},
+                       "<test>")
+    server = FSTCServer(cfg, make_strategy("fedavg"))
+    rng = np.random.default_rng(0)
+    info = {"n_clusters": k, "dim": dim, "centers": rng.normal(size=(k, dim)).tolist(),
+            "counts": [5, 5, 5]}
+    server.check_info(info)
+    with pytest.raises(ProtocolError, match="centers"):
+        server.check_info({**info, "centers": [[b"1", 2.5, 0.0, 0.0], *info["centers"][1:]]})
+    first = server.setup({w: info for w in ("w1", "w2", "w3")})
+    assert not first.meta["final"]
+    up = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
+    server.check_update(up)
+    head = {n: a for n, a in first.arrays.items() if n.startswith("head.")}
+    with pytest.raises(ProtocolError, match="final round"):
+        server.check_update({**up, **head})
+    final = server.aggregate(1, [ClientResult(w, up, 15) for w in ("w1", "w2", "w3")])
+    assert final.meta["final"]
+    with pytest.raises(ProtocolError, match="final round"):
+        server.check_update(up)  # the model must come now
+    encoder = {"encoder.layer.weight": np.ones((2, 2), np.float32)}
+    odd = {"encoder.other.weight": np.full((3, 3), 1e-3, np.float32)}
+    results = [ClientResult("w1", {**up, **head, **odd}, 15)] + [
+        ClientResult(w, {**up, **head, **encoder}, 15) for w in ("w2", "w3")]
+    for r in results:
+        server.check_update(r.arrays)
+    model = server.aggregate(2, results).arrays
+    assert "encoder.other.weight" not in model
+    np.testing.assert_array_equal(model["encoder.layer.weight"], encoder["encoder.layer.weight"])

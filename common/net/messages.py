@@ -6,6 +6,7 @@ written out for people in docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from common import constants as C
@@ -100,6 +101,15 @@ def is_timing(name: str) -> bool:
     """A metric that is a duration in seconds (``train_time``, ``broadcast_s``; not a rate
     such as ``tokens_per_s``)."""
     return name.endswith(("_time", "_s")) and not name.endswith("_per_s")
+
+
+def check_numeric(arrays: Mapping[str, Any], where: str) -> None:
+    """Refuse arrays that are not numbers (an update's: the wire also carries text arrays,
+    for the master's vocabulary, which no update has a use for)."""
+    for name, a in arrays.items():
+        if a.dtype.kind not in "biuf":
+            raise ProtocolError(f"{where}: array {str(name)[:64]!r} holds {a.dtype}, not numbers",
+                                code=errors.DTYPE)
 
 
 #: The fields of a final report; any other is refused (not stored).

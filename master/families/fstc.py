@@ -15,6 +15,7 @@ What travels:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,10 @@ MAX_CLUSTERS = 10_000
 
 def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 class FSTCServer(ServerFamily):
@@ -86,7 +91,8 @@ class FSTCServer(ServerFamily):
             return
         centers, counts = info.get("centers"), info.get("counts")
         if (not isinstance(centers, list) or not 0 < len(centers) <= k
-                or not all(isinstance(c, list) and len(c) == dim for c in centers)):
+                or not all(isinstance(c, list) and len(c) == dim for c in centers)
+                or not all(_number(x) for c in centers for x in c)):  # not bytes numpy reads
             raise ProtocolError(f"register.info.centers: expected at most {k} lists of {dim} "
                                 "numbers", code=errors.BAD_FIELD)
         if (not isinstance(counts, list) or len(counts) != len(centers)
@@ -173,6 +179,12 @@ class FSTCServer(ServerFamily):
             raise ProtocolError("counts must be >= 0", code=errors.REJECTED)
         if ("head.weight" in arrays) != ("head.bias" in arrays):
             raise ProtocolError("head.weight and head.bias come together", code=errors.SHAPE)
+        # The model travels up once, in the final round (the worker's fit sends it then):
+        # one sent earlier would be published as the global head.
+        final = bool(self.global_.meta.get("final"))
+        if final != ("head.weight" in arrays) or (not final and len(arrays) > 2):
+            raise ProtocolError("the model's arrays (head.*, encoder.*) come with the final "
+                                "round's update, and only then", code=errors.SHAPE)
 
     @classmethod
     def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
@@ -200,12 +212,19 @@ class FSTCServer(ServerFamily):
         arrays: dict[str, np.ndarray] = {CENTERS: centers}
         with_model = [r for r in results if "head.weight" in r.arrays]
         if with_model:
-            names = set(with_model[0].arrays) - {CENTERS, COUNTS}
-            if any(set(r.arrays) - {CENTERS, COUNTS} != names for r in with_model) or any(
-                    r.arrays[n].shape != with_model[0].arrays[n].shape
-                    for r in with_model for n in names):
-                raise ProtocolError("the workers' models differ in their arrays",
-                                    code=errors.REJECTED)
+            # The models whose arrays (names and shapes) most updates share: one member's odd
+            # arrays leave it out of the average rather than fail the round for everyone.
+            def form(r: ClientResult) -> tuple:
+                return tuple(sorted((n, a.shape) for n, a in r.arrays.items()
+                                    if n not in (CENTERS, COUNTS)))
+
+            shared = Counter(form(r) for r in with_model).most_common(1)[0][0]
+            odd = sorted(r.worker_id for r in with_model if form(r) != shared)
+            if odd:
+                log.warning("round %d: %s's model differs in its arrays from the others': left "
+                            "out of the model's average", round_, ", ".join(odd))
+            with_model = [r for r in with_model if form(r) == shared]
+            names = {n for n, _ in shared}
             arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
                                            [r.n_samples for r in with_model]))
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)

@@ -37,6 +37,8 @@ from common.models.ntm import (
     relative_change,
 )
 from common.models.ntm_sync_bn import ABSTAIN, N_PHASES, SyncBNReducer
+from common.net import errors
+from common.net.wire import ProtocolError
 from master.families.base import Payload, check_arrays
 from master.families.vocabulary import VocabularyServer, agree_vocabulary
 from master.strategies import ClientResult, Strategy
@@ -206,8 +208,13 @@ class ProdLDAServer(VocabularyServer):
         # synchronized batch norm each phase has its own arrays (or the abstention).
         if self.reducer_ is None:
             super().check_update(arrays)
-        elif set(arrays) != {ABSTAIN}:
+        elif set(arrays) == {ABSTAIN}:
+            check_arrays(arrays, {ABSTAIN: ((0,), np.dtype(np.float64))})  # empty, as sent
+        else:
             check_arrays(arrays, self.reducer_.expected_upload(self.phase_))
+            if "m2" in arrays and (arrays["m2"] < 0).any():  # a sum of squares
+                raise ProtocolError("array 'm2' (a sum of squares) holds negative values",
+                                    code=errors.REJECTED)
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         assert self.model_ is not None, "setup() first"
