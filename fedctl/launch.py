@@ -77,6 +77,8 @@ class ForkedProcess:
 
     def __init__(self, args: list[str], log: Path, env: Mapping[str, str],
                  new_session: bool) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b"")  # there once started, as spawn's is
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(FORK_PRELOAD))
         self._proc = ctx.Process(target=_forked_main, name=f"fedctl {args[0]}",
@@ -114,7 +116,7 @@ def _forked_main(args: list[str], log: str, env: dict[str, str], new_session: bo
     stderr, its environment, its share of the cores), then ``fedctl ARGS``."""
     if new_session:
         os.setsid()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
