@@ -530,3 +530,27 @@ def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() 
     model = server.aggregate(2, results).arrays
     assert "encoder.other.weight" not in model
     np.testing.assert_array_equal(model["encoder.layer.weight"], encoder["encoder.layer.weight"])
+
+
+def test_registering_again_and_again_cannot_hold_a_secure_round_open(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """Each registration during a secure round begins it again with a new deadline (the
+    worker's secrets died with its old process); past the round's last attempt the member is
+    excluded instead, and the round goes on without it."""
+    from common.constants import SECAGG_MAX_ATTEMPTS
+
+    config = _config(make_config, tmp_path, rounds=2, min_workers=2,
+                     privacy={"secure_aggregation": {"threshold": 2}})
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2", "w3")}
+        reg = {"n_samples": 100, "device": "cpu", "info": HONEST_INFO}
+        for w, h in clients.items():
+            assert h.code("register", {"worker_id": w, **reg}) == "welcome"
+        wait_for(lambda: master.secure is not None, 20, "the secure round")
+        codes = [clients["w1"].code("register", {"worker_id": "w1", **reg})
+                 for _ in range(SECAGG_MAX_ATTEMPTS)]
+        assert codes == ["welcome"] * (SECAGG_MAX_ATTEMPTS - 1) + ["excluded"], codes
+        assert master.secure is not None and master.secure.attempt == SECAGG_MAX_ATTEMPTS
+        assert "w1" in master.excluded and "restarts" in master.excluded["w1"]
+        assert clients["w1"].code("ping", {"worker_id": "w1"}) == "excluded"
+        assert thread.is_alive()
