@@ -104,6 +104,9 @@ REQUEST_BURST = 1000
 #: An identity that registers again sooner than this after its last registration is refused
 #: (a registration is the one request with a large header).
 REGISTER_INTERVAL = 5.0
+#: A registration repeated sooner than this after the last is logged at debug level and not
+#: as a `register` event (a restarted process takes longer to come back).
+REREGISTER_QUIET_S = 1.0
 
 #: Most samples a worker may declare (weights beyond it are not believable).
 MAX_SAMPLES = 1_000_000_000

@@ -332,11 +332,19 @@ class Master:
                                  f"process")
         if self._first_join is None:
             self._first_join = time.monotonic()
-        log.info("%s %s: %d samples on %s (%d/%d registered)",
-                 "re-registered" if rejoin else "registered", wid, b["n_samples"], b["device"],
-                 len(self.workers), len(self._expected) or self.cfg.min_workers)
-        self.metrics.write("register", worker=wid, n_samples=b["n_samples"], device=b["device"],
-                           rejoin=rejoin, phase=self.phase, round=self.round, time=time.time())
+        # A registration repeated within REREGISTER_QUIET_S says nothing new (a restarted
+        # process takes longer): logged at debug only, so that one member at its request rate
+        # cannot fill the disk with log lines and events.
+        quiet = known is not None and (time.monotonic() - known.registered_at
+                                       < C.REREGISTER_QUIET_S)
+        log.log(logging.DEBUG if quiet else logging.INFO, "%s %s: %d samples on %s (%d/%d "
+                "registered)", "re-registered" if rejoin else "registered", wid,
+                b["n_samples"], b["device"], len(self.workers),
+                len(self._expected) or self.cfg.min_workers)
+        if not quiet:
+            self.metrics.write("register", worker=wid, n_samples=b["n_samples"],
+                               device=b["device"], rejoin=rejoin, phase=self.phase,
+                               round=self.round, time=time.time())
         body = {"run_id": self.run_id, "incarnation": self.incarnation, "phase": self.phase,
                 "round": self.round, "version": self.version, "rounds": self.cfg.rounds}
         if self.phase != JOINING:

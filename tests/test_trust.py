@@ -554,3 +554,18 @@ def test_registering_again_and_again_cannot_hold_a_secure_round_open(
         assert "w1" in master.excluded and "restarts" in master.excluded["w1"]
         assert clients["w1"].code("ping", {"worker_id": "w1"}) == "excluded"
         assert thread.is_alive()
+
+
+def test_registrations_repeated_at_the_request_rate_do_not_fill_the_log(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """A small registration passes the rate limit as any request does: repeated within
+    REREGISTER_QUIET_S it says nothing new and writes neither a log line nor an event."""
+    config = _config(make_config, tmp_path, rounds=2)
+    with _serving(config) as (master, thread, client):
+        h = client("w1")
+        reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu", "info": HONEST_INFO}
+        codes = {h.code("register", reg) for _ in range(200)}
+        assert codes == {"welcome"} and thread.is_alive()
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len([e for e in logged if e["event"] == "register"]) < 10
