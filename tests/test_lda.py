@@ -209,6 +209,15 @@ def test_master_checks_uploads_and_checkpoints_each_partys_model() -> None:
                       ClientResult("b", {"topics": other}, 30)])
     pa, pb = fam.payload_for("a").arrays["topics"], fam.payload_for("b").arrays["topics"]
     assert pa.shape == (3, 5) and pb.shape == (4, 5)
+    # A party's update with another number of topics than it was given is left out of the
+    # merge (check_update alone cannot know whose it is): the other party's model is merged.
+    flood = np.random.default_rng(2).dirichlet(np.ones(5), size=50).astype(np.float32)
+    fam.check_update({"topics": flood})
+    merged = fam.aggregate(2, [ClientResult("a", {"topics": flood}, 10),
+                               ClientResult("b", {"topics": other}, 30)])
+    assert merged.arrays["topics"].shape[0] <= 4
+    with pytest.raises(ProtocolError, match="number of topics"):
+        fam.aggregate(3, [ClientResult("a", {"topics": flood}, 10)])
     meta, arrays = fam.state()
     again = make_server_family(cfg)
     again.load_state(json.loads(json.dumps(meta)), arrays)  # the checkpoint's JSON round trip

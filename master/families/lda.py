@@ -110,6 +110,17 @@ class LDAServer(VocabularyServer):
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         p = self.params
+        # Each party trains the number of topics it was given (check_update cannot know
+        # whose update it reads): more would weigh its own in the merge and model.npz.
+        odd = [r.worker_id for r in results
+               if r.arrays[TOPICS].shape[0] != self.n_topics_.get(r.worker_id)]
+        if odd:
+            log.warning("round %d: %s sent another number of topics than it was given: left "
+                        "out of the merge", round_, ", ".join(odd))
+            results = [r for r in results if r.worker_id not in odd]
+            if not results:
+                raise ProtocolError("no update has the number of topics its party was given",
+                                    code=errors.REJECTED)
         models = [np.asarray(r.arrays[TOPICS], dtype=np.float64) for r in results]
         merged, _ = merge_models(models, [r.n_samples for r in results], p.xi, p.top_l)
         replaced = {}
