@@ -40,6 +40,9 @@ class PrivacyLedger:
         self.record_: dict[str, float] = {}  # worker -> ε after its last reported round
         self.record_next_: dict[str, float] = {}  # worker -> ε after one round more
         self.stopped_: str | None = None
+        # worker -> (documents, batch size, local epochs), from the job's start: the most a
+        # worker's own accountant can honestly report (see record)
+        self._sizes: dict[str, tuple[int, int, int]] = {}
         # rounds -> client-level ε: each round's stop rule asks for the next round's, which
         # that round's event then reports (the accountant takes some 30 ms a call)
         self._client: dict[int, float] = {}
@@ -58,6 +61,7 @@ class PrivacyLedger:
                             local_epochs: int) -> str | None:
         """Why the job must not start: its first round would already pass ``target_epsilon``
         (for the worker with the fewest documents, or at the client level). None if not."""
+        self._sizes = {w: (n, batch_size, local_epochs) for w, n in n_samples.items()}
         target = self.params.target_epsilon
         if target is None:
             return None
@@ -83,13 +87,32 @@ class PrivacyLedger:
         for wid, m in metrics.items():
             if "epsilon" in m:
                 self.record_[wid] = float(m["epsilon"])
-                self.record_next_[wid] = float(m.get("epsilon_next", m["epsilon"]))
+                self.record_next_[wid] = self._believable(
+                    wid, float(m.get("epsilon_next", m["epsilon"])), version + 1)
         out: dict[str, Any] = {}
         if self.params.dp_sgd is not None and self.record_:
             out["epsilon"] = max(self.record_.values())
         if self.params.client_dp is not None:
             out["client_epsilon"] = self.client_epsilon(version)
         return out
+
+    def _believable(self, worker_id: str, claimed: float, rounds: int) -> float:
+        """A worker's claimed ε after ``rounds`` rounds, at most what its registered documents
+        allow if it trained in every one: a larger claim (which would end the job for
+        everyone) cannot be honest. Checked only where the claim would stop training: the
+        accountant takes some 30 ms a call."""
+        dp, target = self.params.dp_sgd, self.params.target_epsilon
+        if dp is None or target is None or claimed <= target or worker_id not in self._sizes:
+            return claimed
+        n, batch, epochs = self._sizes[worker_id]
+        most = epsilon(dp.noise_multiplier, sgd_sample_rate(batch, n),
+                       rounds * sgd_steps_per_round(batch, n, epochs), self.params.delta)
+        if claimed > most * (1 + 1e-9):
+            log.warning("privacy: %s claims ε %.3g after %d round(s), more than its %d "
+                        "documents allow (%.3g): taken as %.3g", worker_id, claimed, rounds, n,
+                        most, most)
+            return most
+        return claimed
 
     def must_stop(self, version: int) -> bool:
         """True when the next round would take an ε past ``target_epsilon``: training ends

@@ -235,3 +235,30 @@ def test_a_target_the_first_round_would_pass_never_starts(
     said = procs.log("master")
     assert "the first round would take" in said and "past target_epsilon 1" in said, said
     assert not events(tmp_path / "out", "round")
+
+
+def test_a_claimed_epsilon_no_honest_worker_could_reach_does_not_end_the_job() -> None:
+    """A worker reports its own ε; one claiming more than its registered documents allow
+    after the rounds so far (which would end training for everyone) is taken at that most,
+    while an honest claim past the target still ends the job."""
+    from common.privacy.dp import epsilon, sgd_sample_rate, sgd_steps_per_round
+    from master.privacy import PrivacyLedger
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 50,
+                        "privacy": {"dp_sgd": {"noise_multiplier": 1.0},
+                                    "target_epsilon": 8.0}}, "<test>")
+    ledger = PrivacyLedger(cfg.privacy, cfg.client_fraction)
+    n, batch, epochs = 1000, 64, 1
+    assert ledger.first_round_refusal({"w1": n, "w2": n}, batch, epochs) is None
+
+    def honest(rounds: int) -> float:
+        return epsilon(1.0, sgd_sample_rate(batch, n),
+                       rounds * sgd_steps_per_round(batch, n, epochs), cfg.privacy.delta)
+
+    ledger.record({"w1": {"epsilon": honest(1), "epsilon_next": 1e12},
+                   "w2": {"epsilon": honest(1), "epsilon_next": honest(2)}}, 1)
+    assert not ledger.must_stop(1)
+    rounds = next(r for r in range(2, 1000) if honest(r + 1) > 8.0)
+    ledger.record({w: {"epsilon": honest(rounds), "epsilon_next": honest(rounds + 1)}
+                   for w in ("w1", "w2")}, rounds)
+    assert ledger.must_stop(rounds) and "past target_epsilon 8" in ledger.stopped_
