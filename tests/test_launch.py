@@ -40,11 +40,14 @@ def test_both_ways_end_on_terminate(way: str, tmp_path: Path, make_config: MakeC
     log = tmp_path / "master.log"
     env = child_env(tmp_path / "cache", threads=1)
     proc = _start(way, ["master", "--config", str(config)], log, env)
-    wait_for(lambda: "waiting for w1" in log.read_text(), 60, "the master to listen",
-             interval=0.2)
-    assert proc.poll() is None
-    proc.terminate()
-    code = proc.wait(timeout=30)
+    try:
+        wait_for(lambda: "waiting for w1" in log.read_text(), 60, "the master to listen",
+                 interval=0.2)
+        assert proc.poll() is None
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()  # (nothing when it has ended)
     assert code in (-signal.SIGTERM, 128 + signal.SIGTERM, 1), code
     assert proc.poll() == code
     if way == "forked":
