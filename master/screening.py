@@ -52,12 +52,9 @@ def norm(arrays: Mapping[str, np.ndarray]) -> float:
 def distance(arrays: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> float:
     """Euclidean distance of an update from the model it was built on; its norm where the
     two do not have the same arrays (a family whose uploads are not parameters)."""
-    try:
-        if set(arrays) != set(base) or any(arrays[n].shape != base[n].shape for n in arrays):
-            return norm(arrays)
-        return math.sqrt(sum(_squares(arrays[n], base[n]) for n in arrays))
-    except (TypeError, ValueError):  # arrays no arithmetic applies to: as far out as can be
-        return math.inf
+    if set(arrays) != set(base) or any(arrays[n].shape != base[n].shape for n in arrays):
+        return norm(arrays)
+    return math.sqrt(sum(_squares(arrays[n], base[n]) for n in arrays))
 
 
 def outliers(distances: Mapping[str, float], factor: float = C.NORM_OUTLIER_FACTOR

@@ -784,8 +784,9 @@ class Master:
             before, strategy_state = self.family.global_, dict(self.family.strategy.state())
             try:
                 after = self.family.aggregate(rnd.number, results).arrays
-                problem = (screening.aggregate_problem(before.arrays, after)
-                           or screening.state_problem(self.family.strategy.state()))
+                problem = screening.aggregate_problem(before.arrays, after)
+                if problem is None and extra:  # state built from the members' own arrays
+                    problem = screening.state_problem(self.family.strategy.state())
             except Exception as exc:  # the family's arithmetic failed on these updates
                 log.debug("aggregation failed", exc_info=True)
                 problem = f"aggregation failed ({type(exc).__name__}: {exc})"
