@@ -175,23 +175,6 @@ def _workers_on_this_host() -> int:
     return max(1, count)
 
 
-def _limit_threads(n: int, report: bool = False) -> None:
-    """Cap torch and every BLAS / OpenMP pool at ``n`` threads: the environment for the
-    libraries not loaded yet, threadpoolctl for those already in the process."""
-    import torch
-    from threadpoolctl import threadpool_info, threadpool_limits
-
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(n)
-    torch.set_num_threads(n)
-    threadpool_limits(n)  # not as a context: in force for the rest of the process
-    if report:
-        pools = sorted({f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info()})
-        logging.getLogger("fedctl.worker").info(
-            "CPU threads: torch %d, %s", torch.get_num_threads(), ", ".join(pools) or "no pool")
-
-
 @main.command()
 @_config
 @_overrides
@@ -221,14 +204,16 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
             logging.getLogger("fedctl.worker").info(
                 "%d fedctl workers on this host: %d CPU thread(s) each (--threads to choose)",
                 here, threads)
+    from fedctl.launch import limit_threads
+
     if threads:
-        _limit_threads(threads)
+        limit_threads(threads)
     from common.net.transport import PeerUnreachable, RemoteError
     from worker.client import Worker
     from worker.devices import GPUMemoryError
 
     if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
-        _limit_threads(threads, report=True)
+        limit_threads(threads, report=True)
 
     try:
         cfg = _load(config, workers, rounds, overrides=overrides)

@@ -9,6 +9,7 @@ read) and the same clean stop.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -23,7 +24,8 @@ import yaml
 from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, config_to_dict
 
-__all__ = ["fedctl_command", "child_env", "spawn", "tail", "worker_threads", "LocalCluster"]
+__all__ = ["fedctl_command", "child_env", "spawn", "tail", "worker_threads", "LocalCluster",
+           "ForkedProcess", "limit_threads"]
 
 STOP_GRACE_S = 10.0  # seconds a terminated process gets before it is killed
 
@@ -127,15 +129,28 @@ def _forked_main(args: list[str], log: str, env: dict[str, str], new_session: bo
     os.environ.clear()
     os.environ.update(env)
     if env.get("OMP_NUM_THREADS"):  # read when the pools loaded, in the fork server: set now
-        import torch
-        from threadpoolctl import threadpool_limits
-
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-        threadpool_limits(int(env["OMP_NUM_THREADS"]))
+        limit_threads(int(env["OMP_NUM_THREADS"]))
     sys.argv = ["fedctl", *args]
     from fedctl.cli import entry
 
     entry()
+
+
+def limit_threads(n: int, report: bool = False) -> None:
+    """Cap torch and every BLAS / OpenMP pool at ``n`` threads: the environment for the
+    libraries not loaded yet, threadpoolctl for those already in the process."""
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(n)
+    torch.set_num_threads(n)
+    threadpool_limits(n)  # not as a context: in force for the rest of the process
+    if report:
+        pools = sorted({f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info()})
+        logging.getLogger("fedctl.worker").info(
+            "CPU threads: torch %d, %s", torch.get_num_threads(), ", ".join(pools) or "no pool")
 
 
 def tail(path: Path, n: int = 8) -> str:
