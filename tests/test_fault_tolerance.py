@@ -89,8 +89,13 @@ def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig
     wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
     w2 = procs.procs["w2"]
     w2.send_signal(signal.SIGSTOP)
+    # Only a round closed after the pause counts: on a loaded machine w2 may have missed an
+    # early round already (its first round carries its set-up), and a wait met at once would
+    # resume it before it was ever late.
+    paused_after = max(_rounds(out))
     try:
-        wait_for(lambda: any("w2" in e["missing"] for e in events(out, "round")), 60,
+        wait_for(lambda: any("w2" in e["missing"] for e in events(out, "round")
+                             if e["round"] > paused_after), 60,
                  "a round to close without w2", procs.check_alive_or_ok)
     finally:
         w2.send_signal(signal.SIGCONT)
@@ -100,7 +105,8 @@ def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig
     rounds = events(out, "round")
     assert [e["round"] for e in rounds] == list(range(1, 13))
     assert all(e["n_updates"] <= 3 for e in rounds)
-    (closed,) = [e["round"] for e in rounds if "w2" in e["missing"]][:1]
+    (closed,) = [e["round"] for e in rounds
+                 if "w2" in e["missing"] and e["round"] > paused_after][:1]
     w2_rounds = [e["round"] for e in events(out, "worker_round") if e["worker"] == "w2"]
     assert closed not in w2_rounds  # its late upload was not counted
     # Paused while training, w2 uploads late and is refused; paused while waiting, it skips
