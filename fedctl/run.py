@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import statistics
 import time
 from datetime import datetime, timezone
@@ -124,28 +125,58 @@ def _keep_failed(staging: Path, final: Path, code: int) -> None:
     failed = final.with_name(final.name + ".failed")
     shutil.rmtree(failed, ignore_errors=True)
     (staging / "FAILED").write_text(
-        f"exit code {code}: see logs/ ({'interrupted' if code == 130 else 'a process failed'})\n")
+        f"exit code {code}: see logs/ ({'interrupted' if code > 128 else 'a process failed'})\n")
     staging.rename(failed)
     log.error("the run failed; its logs are in %s", failed / "logs")
+
+
+class _Stopped(Exception):
+    """A signal asked this run to stop (``signum``): what Ctrl-C's KeyboardInterrupt is to
+    SIGINT, for SIGTERM (``kill``, ``timeout``, a scheduler, ``docker stop``) and SIGHUP (the
+    terminal closed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+#: Signals that stop a run as Ctrl-C does. The processes it started have sessions of their own
+#: (a Ctrl-C at the terminal reaches this process only), so left to the default action these
+#: would end this process and leave the master and workers running, orphaned.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     cluster = LocalCluster(cfg, log_level=log_level, progress=progress)
     metrics_path = cluster.out / "metrics.jsonl"
-    log.info("preparing %s (once for all %d workers)", cfg.family, len(cfg.workers))
-    cluster.prepare()
-    cluster.start()
-    log.info("started master and %d worker(s); logs in %s", len(cfg.workers), cluster.logs)
-    bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", disable=not progress,
-               dynamic_ncols=True)
+    before = {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS}
+    bar = None
     code = 0
     try:
+        log.info("preparing %s (once for all %d workers)", cfg.family, len(cfg.workers))
+        cluster.prepare()
+        cluster.start()
+        log.info("started master and %d worker(s); logs in %s", len(cfg.workers), cluster.logs)
+        bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", disable=not progress,
+                   dynamic_ncols=True)
         code = _follow(cluster, metrics_path, bar)
     except KeyboardInterrupt:
         code = 130
+    except _Stopped as exc:
+        log.warning("stopped by %s: stopping the master and workers", exc)
+        code = 128 + exc.signum
     finally:
-        bar.close()
+        for s in STOP_SIGNALS:  # a second one must not cut the stop short: it is bounded
+            signal.signal(s, signal.SIG_IGN)
+        if bar is not None:
+            bar.close()
         cluster.stop()
+        for s, handler in before.items():
+            signal.signal(s, handler)
     return code
 
 

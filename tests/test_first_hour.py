@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from fedctl.launch import child_env, fedctl_command
-from tests.conftest import DATA, ROOT, MakeConfig, kill_tree, run_fedctl, wait_for
+from tests.conftest import DATA, ROOT, MakeConfig, descendants, kill_tree, run_fedctl, wait_for
 
 
 def _interruptible() -> None:
@@ -209,6 +209,42 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
     _quiet(replaced)
     assert json.loads((out / "model.json").read_text())["run_id"] != run_id
     assert not list(tmp_path.glob("out.partial*")) and not list(tmp_path.glob("out.old"))
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tmp_path: Path,
+                                                     sig: signal.Signals) -> None:
+    """`kill`, `timeout`, a scheduler or a closed terminal stop `fedctl run` as Ctrl-C does.
+    The master and workers have sessions of their own: before, SIGTERM ended the launcher
+    alone and left them training, orphaned."""
+    config = make_config(tmp_path, workers=2, rounds=5000, model={"family": "mlp", "hidden": 8})
+    run = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress"),
+                           cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        master_log = tmp_path / "out.partial" / "logs" / "master.log"
+        wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
+                 "a round")
+        started = descendants(run.pid)
+        assert len(started) >= 3  # the master and two workers (and a fork server)
+        run.send_signal(sig)
+        assert run.wait(timeout=60) == 128 + sig
+        # The fork server leaves once it sees its parent gone: a moment later.
+        wait_for(lambda: not any(_alive(pid) for pid in started), 10,
+                 "the run's processes to end")
+    finally:
+        kill_tree(run)
+    assert (tmp_path / "out.failed" / "FAILED").read_text().startswith(
+        f"exit code {128 + sig}: see logs/ (interrupted)")
 
 
 @pytest.mark.slow
