@@ -14,6 +14,7 @@ Any other output folder that already holds a finished run is refused unless ``--
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -130,10 +131,11 @@ def _keep_failed(staging: Path, final: Path, code: int) -> None:
     log.error("the run failed; its logs are in %s", failed / "logs")
 
 
-class _Stopped(Exception):
+class _Stopped(BaseException):
     """A signal asked this run to stop (``signum``): what Ctrl-C's KeyboardInterrupt is to
     SIGINT, for SIGTERM (``kill``, ``timeout``, a scheduler, ``docker stop``) and SIGHUP (the
-    terminal closed)."""
+    terminal closed). A BaseException, as KeyboardInterrupt is: no ``except Exception`` on the
+    way catches it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -172,11 +174,15 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     finally:
         for s in STOP_SIGNALS:  # a second one must not cut the stop short: it is bounded
             signal.signal(s, signal.SIG_IGN)
-        if bar is not None:
-            bar.close()
-        cluster.stop()
-        for s, handler in before.items():
-            signal.signal(s, handler)
+        try:
+            cluster.stop()  # first: whatever fails after, nothing is left running
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
+            if bar is not None:
+                # The terminal may be gone (SIGHUP), or the pipe's reader (a killed parent).
+                with contextlib.suppress(OSError):
+                    bar.close()
     return code
 
 

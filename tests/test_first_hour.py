@@ -227,15 +227,20 @@ def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tm
     The master and workers have sessions of their own: before, SIGTERM ended the launcher
     alone and left them training, orphaned."""
     config = make_config(tmp_path, workers=2, rounds=5000, model={"family": "mlp", "hidden": 8})
-    run = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress"),
-                           cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    # With its progress bar writing to a pipe: the terminal closed, or the parent killed first,
+    # the last writes fail; the stop must not be cut short by them (it was: the launcher
+    # then waited for ever on its still-running children).
+    run = subprocess.Popen(fedctl_command("run", "--config", str(config)), cwd=ROOT,
+                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         master_log = tmp_path / "out.partial" / "logs" / "master.log"
         wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
                  "a round")
         started = descendants(run.pid)
         assert len(started) >= 3  # the master and two workers (and a fork server)
+        assert run.stdout is not None and run.stderr is not None
+        run.stdout.close()
+        run.stderr.close()
         run.send_signal(sig)
         assert run.wait(timeout=60) == 128 + sig
         # The fork server leaves once it sees its parent gone: a moment later.
