@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ from common.data.partitions import SCHEMES
 from common.data.reading import TASKS
 from common.privacy.dp import ClientDPParams, DPSGDParams, PrivacyParams
 from common.secagg.params import SecAggParams
+
+#: What a worker may be called: its name is a file name as well (log, snapshots, keys).
+WORKER_NAME = re.compile(r"[^\W_][\w.-]{0,63}")
 
 
 class ConfigError(ValueError):
@@ -252,8 +256,11 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         _expect(isinstance(w, dict), where, "a mapping with a name", w)
         _check_keys(w, {"name", "host", "data", "device"}, f"{where}.")
         name = w.get("name")
-        _expect(isinstance(name, str) and name and "\0" not in name and "\n" not in name,
-                f"{where}.name", "a non-empty one-line name", name)
+        # A name is a file name too (the worker's log, snapshots and keys): no separators, no
+        # leading dot (".." would name the run's own folder).
+        _expect(isinstance(name, str) and WORKER_NAME.fullmatch(name) is not None,
+                f"{where}.name", "a name of letters, digits, '_', '.' or '-' (up to 64, "
+                "starting with a letter or digit)", name)
         for key in ("host", "device"):
             if key in w:
                 _expect(isinstance(w[key], str) and w[key], f"{where}.{key}", "a string", w[key])
@@ -273,6 +280,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
                                   f"or address (master.host is {cfg.master.host})")
 
     model = raw.get("model") or {"family": "mlp"}
+    if isinstance(model, str):  # `model: nmf`, as `strategy: fedyogi`: the family's defaults
+        model = {"family": model}
     _expect(isinstance(model, dict) and isinstance(model.get("family"), str),
             f"{src}: model.family", "a model family name", model.get("family")
             if isinstance(model, dict) else model)
@@ -517,6 +526,11 @@ def _privacy(raw: Any, cfg: ClusterConfig, src: str) -> PrivacyParams:
         if key in sec:
             _expect(_num(sec[key]) or (key == "target_epsilon" and sec[key] is None),
                     f"{where}.{key}", "a number", sec[key])
+    if (sec.get("target_epsilon") is not None and sec.get("dp_sgd") is None
+            and sec.get("client_dp") is None):
+        # Nothing would spend ε towards it: a run would train with no privacy, and say none.
+        raise ConfigError(f"{where}.target_epsilon: needs dp_sgd or client_dp, whose ε it "
+                          f"bounds (iFTM's Laplace mechanism is set by laplace.epsilon)")
     try:
         return PrivacyParams(**sec)
     except ValueError as exc:

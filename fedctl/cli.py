@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from common.config import ClusterConfig, ConfigError, load_config
+from common.config import WORKER_NAME, ClusterConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -32,6 +32,11 @@ def _load(config: str, workers: int | None = None, rounds: int | None = None,
           output: str | None = None, overrides: tuple[str, ...] = ()) -> ClusterConfig:
     cfg = load_config(config, overrides)
     if workers is not None:
+        own = [w.name for w in cfg.workers if w.data]
+        if own:
+            logging.getLogger("fedctl").warning(
+                "--workers %d: w1..w%d share data.path; the config's workers with files of "
+                "their own (%s) are not used", workers, workers, ", ".join(own))
         cfg = cfg.with_workers(workers)
     if rounds is not None:
         if rounds < 1:
@@ -217,6 +222,9 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
 
     try:
         cfg = _load(config, workers, rounds, overrides=overrides)
+        if WORKER_NAME.fullmatch(worker_id) is None:  # a file name too: its snapshots' folder
+            raise ConfigError(f"--id: expected letters, digits, '_', '.' or '-' (up to 64, "
+                              f"starting with a letter or digit), got {worker_id!r}")
         Worker(cfg, worker_id, data_path=data, device=device).run()
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
         _fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
@@ -257,6 +265,9 @@ def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: in
     _setup_logging(log_level)
     try:
         cfg = _load(config, workers, rounds, output, overrides)
+        if not cfg.workers:  # a master alone would wait for ever for workers nobody starts
+            raise ConfigError(f"{config}: workers: none listed; `fedctl run` starts one "
+                              f"process per listed worker: list them, or pass --workers N")
         # Imported once the config has loaded: a bad config is reported without waiting for
         # torch and the model families to import.
         from fedctl.run import run_local_cluster
@@ -267,6 +278,9 @@ def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: in
                                  overwrite=overwrite)
     except (ConfigError, ValueError, OSError) as exc:
         _fail(exc)
+    except KeyboardInterrupt:  # before any process started (else the run handles it): 130
+        click.echo("interrupted", err=True)
+        sys.exit(130)
     if code:
         sys.exit(code)
     _end()
@@ -393,8 +407,13 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                 + ("; ports free." if found.ports_checked else "."))
     click.echo(f"{summary['config']}: valid. Family {cfg.family} (strategy "
                f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
-               f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or 'none'}), "
+               f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or _ANY}), "
                f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}")
+
+
+#: What `check` says of a config that lists no worker.
+_ANY = ("none listed: the master admits any worker that registers; `fedctl run` needs them "
+        "listed or --workers N")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

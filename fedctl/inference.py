@@ -37,6 +37,18 @@ class ModelError(ValueError):
     """A model that cannot be used as asked; the message is one line saying why."""
 
 
+def _texts(texts: Any) -> list[str]:
+    """``texts`` as a list of strings: one string alone is refused, as scikit-learn's text
+    vectorizers refuse it (iterated, it would be one document a character)."""
+    if isinstance(texts, (str, bytes)):
+        raise ModelError("expected a list of texts, got one string: wrap it in a list")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise ModelError(f"texts[{i}]: expected a string, got {type(t).__name__}")
+    return texts
+
+
 class TrainedModel(ABC):
     """A run's final model, read back (see the module docstring).
 
@@ -69,6 +81,9 @@ class TrainedModel(ABC):
                 raise ModelError(f"features of shape {texts.shape}, but this model takes "
                                  f"{width} per document ({(expected or {}).get('name')})")
             return np.asarray(texts, dtype=np.float32)
+        texts = _texts(texts)
+        if not texts:
+            return np.zeros((0, self.input_dim or 0), dtype=np.float32)
         cfg = self.run.config
         if expected is not None:
             found = embedding_identity(cfg.data.embedding_model)
@@ -76,7 +91,7 @@ class TrainedModel(ABC):
                 raise ModelError(f"{self.run.path}: trained on features of {expected['name']} "
                                  f"(sha256 {expected['sha256'][:12]}), but the sentence model "
                                  f"here is {found['name']} (sha256 {found['sha256'][:12]})")
-        return embed_texts(list(texts), model_path=cfg.data.embedding_model,
+        return embed_texts(texts, model_path=cfg.data.embedding_model,
                            cache_dir=cfg.data.cache_dir, device=self.device, progress=progress)
 
     @property
@@ -149,7 +164,7 @@ class Clusterer(TrainedModel):
         if self.encoder != "frozen":  # a fine-tuned encoder reads the texts themselves
             if isinstance(texts, np.ndarray):
                 raise ModelError("this model fine-tuned its encoder: give it texts")
-            return list(texts)
+            return _texts(texts)
         return self.features(texts, progress)
 
     def predict_proba(self, texts: Texts, progress: bool = False) -> np.ndarray:
@@ -210,6 +225,8 @@ class TopicModel(TrainedModel):
 
     def get_topics(self, n: int = 10) -> list[list[str]]:
         """Each topic's ``n`` most probable words."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ModelError(f"n: expected an integer >= 1, got {n!r}")
         from common.eval.topics import top_words
         return top_words(self.topic_word(), self.vocabulary_, n)
 
@@ -219,7 +236,7 @@ class TopicModel(TrainedModel):
         encoder's mean θ; LDA: Gibbs fold-in under the merged topics, seeded)."""
         if isinstance(texts, np.ndarray):
             raise ModelError("a topic model reads texts, not features")
-        texts = list(texts)
+        texts = _texts(texts)
         if self.family == "nmf":
             return np.asarray(self.model_.transform(bow_matrix(texts, self.vocabulary_)))
         if self.family in ("prodlda", "combinedtm"):

@@ -61,10 +61,9 @@ def _mean_curve(per_worker: dict[str, dict[int, float]]) -> tuple[list[int], lis
 
 
 def _summary(run_dir: Path) -> dict[str, Any] | None:
-    import json
+    from fedctl.runs import read_json
 
-    path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(run_dir / "summary.json")
 
 
 def _label(run_dir: Path) -> str:

@@ -15,6 +15,7 @@ Any other output folder that already holds a finished run is refused unless ``--
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import shutil
 import signal
 import statistics
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,17 +44,42 @@ POLL_S = 0.1  # how often the metrics log and the processes are looked at
 HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs beside it
 
 
+#: Files that make a folder a fedctl run's (finished or not): only such a folder, or an empty
+#: one, is ever replaced. Anything else a user points ``--output`` at is theirs.
+RUN_MARKERS = ("model.json", "summary.json", "metrics.jsonl", "checkpoint.npz", "FAILED")
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder that a fedctl run wrote (or began to write)."""
+    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
+
+
 def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
     """Where this run's results go: a new ``<UTC time>-<id>`` folder beside an output folder
-    named ``latest``; else the output folder itself, refused (ConfigError) when it holds a
-    finished run and ``overwrite`` is False."""
-    out = Path(cfg.output_dir)
+    named ``latest``; else the output folder itself.
+
+    Raises
+    ------
+    ConfigError
+        When the folder holds a finished run and ``overwrite`` is False, or holds anything
+        that is not a fedctl run (a user's files are never replaced, ``--overwrite`` or not),
+        or is not a folder.
+    """
+    out = Path(os.path.abspath(cfg.output_dir))  # "." and ".." have no name to put beside
     if out.name == HISTORY_LINK:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         return out.parent / f"{stamp}-{secrets.token_hex(3)}"
+    where = f"{cfg.source}: output_dir: {out}"
+    if out == out.parent:
+        raise ConfigError(f"{where} is the root folder; choose a folder for the run")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{where} is a file, not a folder; choose another --output")
+    if out.is_dir() and any(out.iterdir()) and not is_run_folder(out):
+        raise ConfigError(f"{where} holds files that are not a fedctl run's, which a run "
+                          f"would replace; choose a new or empty folder")
     if (out / "model.json").exists() and not overwrite:
-        raise ConfigError(f"{cfg.source}: output_dir: {out} holds a finished run; pass "
-                          f"--overwrite to replace it, or choose another --output")
+        raise ConfigError(f"{where} holds a finished run; pass --overwrite to replace it, or "
+                          f"choose another --output")
     return out
 
 
@@ -89,16 +116,56 @@ def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str 
     """Run the job; returns the exit code (0 when master and every worker succeeded)."""
     final = output_folder(cfg, overwrite)
     staging = final.with_name(final.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)  # an earlier attempt's leftovers, never a run
     link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
-    cfg.output_dir = str(staging)
-    code = _run(cfg, progress, log_level)
-    if code == 0:
-        _publish(cfg, staging, final, link)
-        _print_results(final)
-    else:
-        _keep_failed(staging, final, code)
+    with _claimed(staging, cfg):
+        cfg.output_dir = str(staging)
+        try:
+            code = _run(cfg, progress, log_level)
+        except Exception as exc:  # the preparation failed (or the launcher): still kept
+            _keep_failed(staging, final, 1, f"{type(exc).__name__}: {exc}")
+            raise
+        if code == 0:
+            _publish(cfg, staging, final, link)
+            _print_results(final)
+        else:
+            _keep_failed(staging, final, code)
     return code
+
+
+@contextlib.contextmanager
+def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
+    """``staging`` (``<output>.partial``) made empty and held for this run alone: a second run
+    into the same output folder is refused while this one runs (each would clear the other's
+    files), by a lock the system drops when this process ends, however it ends."""
+    in_the_way = ConfigError(f"{cfg.source}: output_dir: {staging} is in the way (a run "
+                             f"writes there first) and is not a fedctl run's; move it or "
+                             f"choose another --output")
+    if staging.exists() and not staging.is_dir():
+        raise in_the_way
+    staging.mkdir(parents=True, exist_ok=True)
+    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{cfg.source}: output_dir: another fedctl run is writing into "
+                              f"{staging}; wait for it, or choose another --output") from None
+        if any(staging.iterdir()) and not (staging / "cluster.yaml").exists():
+            raise in_the_way
+        for leftover in staging.iterdir():  # an earlier attempt's, never a run
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+def _aside(path: Path, suffix: str) -> Path:
+    """A free hidden name beside ``path`` to move it to before deleting it: never the name of
+    something of the user's."""
+    return path.with_name(f".{path.name}{suffix}-{secrets.token_hex(4)}")
 
 
 def _publish(cfg: ClusterConfig, staging: Path, final: Path, link: Path | None) -> None:
@@ -108,8 +175,7 @@ def _publish(cfg: ClusterConfig, staging: Path, final: Path, link: Path | None) 
     atomic_write_bytes(staging / "cluster.yaml",
                        yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode())
     if final.exists():
-        old = final.with_name(final.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+        old = _aside(final, ".old")
         final.rename(old)
         staging.rename(final)
         shutil.rmtree(old, ignore_errors=True)
@@ -119,14 +185,23 @@ def _publish(cfg: ClusterConfig, staging: Path, final: Path, link: Path | None) 
         point_history_link(link, final)
 
 
-def _keep_failed(staging: Path, final: Path, code: int) -> None:
-    """The failed run's folder, with its logs, marked failed beside where it would have gone."""
+def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) -> None:
+    """The failed run's folder, with its logs, marked failed beside where it would have gone
+    (``<output>.failed``; an earlier failed run there is replaced, a user's folder of that
+    name is not: the run then goes to a free name beside it)."""
     if not staging.exists():
         return
     failed = final.with_name(final.name + ".failed")
-    shutil.rmtree(failed, ignore_errors=True)
-    (staging / "FAILED").write_text(
-        f"exit code {code}: see logs/ ({'interrupted' if code > 128 else 'a process failed'})\n")
+    if failed.exists():
+        if is_run_folder(failed):
+            old = _aside(failed, ".old")
+            failed.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            failed = final.with_name(f"{final.name}.failed-{secrets.token_hex(3)}")
+    if why is None:
+        why = "see logs/ (" + ("interrupted" if code > 128 else "a process failed") + ")"
+    (staging / "FAILED").write_text(f"exit code {code}: {why}\n")
     staging.rename(failed)
     log.error("the run failed; its logs are in %s", failed / "logs")
 
@@ -167,6 +242,7 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
                    dynamic_ncols=True)
         code = _follow(cluster, metrics_path, bar)
     except KeyboardInterrupt:
+        log.warning("interrupted (Ctrl-C): stopping the master and workers")
         code = 130
     except _Stopped as exc:
         log.warning("stopped by %s: stopping the master and workers", exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,18 @@ class Run:
         return self._metrics
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, None when there is none; ValueError naming the file when
+    it is not one (a run killed while writing it, a hand edit)."""
+    if not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(found).__name__}")
+    return found
 
 
 def load_run(path: str | Path) -> Run:
@@ -60,13 +71,18 @@ def load_run(path: str | Path) -> Run:
     folder = Path(path)
     if not (folder / "model.npz").is_file():
         raise FileNotFoundError(f"{folder}: no model.npz (not a finished fedctl run)")
-    with np.load(folder / "model.npz", allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    model = _json(folder / "model.json") or {}
+    try:
+        with np.load(folder / "model.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{folder / 'model.npz'}: not a readable model "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                         ) from None
+    model = read_json(folder / "model.json") or {}
     return Run(path=folder, family=str(model.get("family", "")),
                config=load_config(folder / "cluster.yaml"), arrays=arrays, model=model,
-               comparison=_json(folder / "comparison.json"),
-               summary=_json(folder / "summary.json"))
+               comparison=read_json(folder / "comparison.json"),
+               summary=read_json(folder / "summary.json"))
 
 
 def wall_time(run_dir: str | Path) -> float | None:
@@ -107,9 +123,16 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
         if folder.name == "latest" or not folder.is_dir() or not (
                 (folder / "cluster.yaml").is_file() or (folder / "metrics.jsonl").is_file()):
             continue
-        summary = _json(folder / "summary.json")
-        model = _json(folder / "model.json") or {}
-        if folder.name.endswith(".failed") or (folder / "FAILED").exists() or (
+        try:
+            summary = read_json(folder / "summary.json")
+            model = read_json(folder / "model.json") or {}
+        except ValueError as exc:  # listed, as damaged: one bad run must not hide the others
+            summary, model, damaged = None, {}, str(exc)
+        else:
+            damaged = None
+        if damaged is not None:
+            state = f"damaged: {Path(damaged.split(': ', 1)[0]).name} unreadable"
+        elif folder.name.endswith(".failed") or (folder / "FAILED").exists() or (
                 summary or {}).get("failed"):
             state = "failed"
         elif summary is not None and (folder / "model.npz").is_file():

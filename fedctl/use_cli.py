@@ -24,7 +24,18 @@ def _fail(exc: BaseException) -> None:
 
 def _read_texts(path: str) -> list[str]:
     """The ``text`` of every line of a JSONL file (a plain-text file: one document a line)."""
-    texts = []
+    texts: list[str] = []
+    try:
+        _read_lines(path, texts)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason}; after "
+                         f"{len(texts)} document(s))") from None
+    if not texts:
+        raise ValueError(f"{path}: no documents")
+    return texts
+
+
+def _read_lines(path: str, texts: list[str]) -> None:
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -33,15 +44,13 @@ def _read_texts(path: str) -> list[str]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg}, column "
+                                     f"{exc.colno})") from None
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                     raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
                 texts.append(row["text"])
             else:
                 texts.append(line.rstrip("\n"))
-    if not texts:
-        raise ValueError(f"{path}: no documents")
-    return texts
 
 
 @click.command()
@@ -62,6 +71,9 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     try:
         from fedctl.inference import ModelError, load_model
 
+        if output is not None and Path(output).resolve() == Path(input_path).resolve():
+            raise ValueError(f"--output {output}: that is INPUT; the predictions would replace "
+                             f"the documents")
         texts = _read_texts(input_path)
         model = load_model(run)
         # All at once: the embeddings are cached under the whole list, so a file the cluster
@@ -138,7 +150,7 @@ def runs_cmd(folder: str) -> None:
     from fedctl.runs import list_runs
 
     root = Path(folder)
-    found = list_runs(root)
+    found = list_runs(root)  # a damaged run is listed as such, not a traceback
     if not found:
         click.echo(f"{root}: no runs")
         return
@@ -164,12 +176,24 @@ def plot(runs: tuple[str, ...], output: str, title: str | None) -> None:
     """Draw the learning curves of one run or more on each other, e.g. two strategies:
     `fedctl plot runs/A runs/B -o compare.png`. Runs that differ only by seed are drawn as
     their mean with a band from the lowest to the highest."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
     from fedctl.plots import plot_runs
 
     for r in runs:
         if not (Path(r) / "metrics.jsonl").is_file():
             _fail(FileNotFoundError(f"{r}: no metrics.jsonl (not a fedctl run)"))
-    click.echo(f"wrote {plot_runs(runs, output, title)}")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(output).suffix.lstrip(".").lower()
+    if suffix not in kinds:
+        _fail(ValueError(f"--output {output}: a picture's name ends in one of "
+                         f".{', .'.join(sorted(kinds))}"))
+    if not Path(output).resolve().parent.is_dir():
+        _fail(FileNotFoundError(f"--output {output}: no folder {Path(output).parent}"))
+    try:
+        click.echo(f"wrote {plot_runs(runs, output, title)}")
+    except (OSError, ValueError) as exc:
+        _fail(exc)
 
 
 #: ``fedctl init --family NAME``: the example each family starts from.

@@ -57,6 +57,17 @@ class Checkpoint:
         # Straight into the file: no in-memory copy of a model that may be 100 MB.
         np.savez(fh, **arrays)
 
+    @staticmethod
+    def check_resumable(folder: str | Path) -> None:
+        """Raise FileNotFoundError (one line) unless ``folder`` holds a run to continue: a
+        checkpoint, and no final model (a finished run's results would be written over)."""
+        path = Path(folder)
+        if (path / "model.json").is_file():
+            raise FileNotFoundError(f"{path}: holds a finished run (model.json): nothing to "
+                                    f"resume")
+        if not (path / FILENAME).is_file():
+            raise FileNotFoundError(f"{path / FILENAME}: no checkpoint to resume from")
+
     @classmethod
     def load(cls, folder: str | Path) -> Checkpoint:
         """Read ``folder/checkpoint.npz``.

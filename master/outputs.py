@@ -83,6 +83,9 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     sim = sim or {}
     rows = comparison_rows(reports, sim.get("centralized"))
     table = format_table(rows, sim.get("pooled"))
+    if family.transductive:
+        table += (f"\n\n{family.name} is transductive: each worker trained on all its documents "
+                  f"(train and test, no label read) and is scored on all of them.")
     unlabelled = sorted(w for w, r in reports.items() if r and r.get("labelled") is False)
     if unlabelled:
         table += (f"\n\nNo labels on {', '.join(unlabelled)}: the scores that need them "

@@ -40,6 +40,11 @@ class Preflight:
 def preflight(cfg: ClusterConfig, ports: bool = True) -> Preflight:
     """Run every check on ``cfg``; raise ConfigError / DataError (one line) at the first
     problem. ``ports``: also check that the master's ports are free on this host."""
+    shared = Path(cfg.data.path)
+    if any(w.data is None for w in cfg.workers) and not shared.is_file():
+        raise ConfigError(f"{cfg.source}: data.path: {shared}: "
+                          + ("a folder; expected a JSONL file" if shared.is_dir() else
+                             "no such file (a relative path is read from the config's folder)"))
     family = make_server_family(cfg)
     found = Preflight(family)
     shards = worker_shards(cfg, found)

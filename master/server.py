@@ -106,6 +106,8 @@ class Master:
         self.secure: SecureRound | None = None  # the open round's, with secure_aggregation
         self._noticed_stage: tuple[bytes, str] | None = None  # the last stage told on PUB
         self.out = Path(cfg.output_dir)
+        if resume:  # before anything is written there
+            Checkpoint.check_resumable(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.jsonl",
                                   make_sinks(cfg.tracking, self.out, self.run_id)

@@ -253,7 +253,12 @@ def test_config_to_dict_roundtrip_keeps_positive_null(tmp_path):
         ("data: {limit: 0}\n", "data.limit"),
         ("data: {path: ''}\n", "data.path"),
         ("model: {hidden: 3}\n", "model.family"),
-        ("model: mlp\n", "model.family"),
+        ("model: 5\n", "model.family"),
+        ("workers: ['..']\n", "workers[0].name"),
+        ("workers: [w1, ../../evil]\n", "workers[1].name"),
+        ("workers: [.hidden]\n", "workers[0].name"),
+        ("workers: ['a b']\n", "workers[0].name"),
+        ("privacy: {target_epsilon: 1}\n", "privacy.target_epsilon"),
         ("strategy: 5\n", "strategy"),
         ("strategy: {lr: 1}\n", "strategy"),
     ],
@@ -381,3 +386,9 @@ def test_spread_cluster_needs_every_worker_host() -> None:
     assert str(info.value) == ("cluster.yaml: workers[1].host: expected the worker's host name "
                                "or address (master.host is 10.0.0.5)")
     assert parse_config({"master": {"host": "127.0.0.1"}, "workers": ["a"]}).workers[0].name == "a"
+
+
+def test_model_may_be_just_its_family(tmp_path):
+    """`model: nmf`, as `strategy: fedyogi`: the family with its defaults."""
+    cfg = load_config(write(tmp_path, "model: nmf\n"))
+    assert cfg.model == {"family": "nmf"}

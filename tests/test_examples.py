@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import traceback
 from pathlib import Path
@@ -126,8 +127,55 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         assert topics.returncode == 0, topics.stderr
         assert len(topics.stdout.splitlines()) == len(lines[0]["mixture"])
     _agrees_with_the_cluster(family, out, summary)
+    if family in ("mlp", "nmf"):
+        _misused(out, docs, tmp_path)
     if tracked:
         _tracked(out, summary)
+
+
+def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
+    """What a careless user does with a trained model gets one line, never a traceback or a
+    silent wrong answer."""
+    from click.testing import CliRunner
+
+    from fedctl import load_model
+    from fedctl.cli import main
+    from fedctl.inference import ModelError, TopicModel
+
+    model = load_model(out)
+    use = model.transform if isinstance(model, TopicModel) else model.predict
+    with pytest.raises(ModelError, match="got one string: wrap it in a list"):
+        use("one document")  # used to be one document a character
+    with pytest.raises(ModelError, match=r"texts\[1\]: expected a string, got int"):
+        use(["a document", 7])
+    assert len(use([])) == 0
+    if isinstance(model, TopicModel):
+        with pytest.raises(ModelError, match="n: expected an integer >= 1"):
+            model.get_topics(-1)
+        return
+
+    def fedctl(*args: str) -> str:
+        result = CliRunner().invoke(main, list(args), prog_name="fedctl")
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            "".join(traceback.format_exception(result.exception))
+        (line,) = result.stderr.strip().splitlines()
+        return line
+
+    before = docs.read_bytes()
+    assert "that is INPUT" in fedctl("predict", str(out), str(docs), "-o", str(docs))
+    assert docs.read_bytes() == before
+    assert "a picture's name ends in one of" in fedctl("plot", str(out), "-o",
+                                                        str(tmp_path / "c.txt"))
+    assert "no folder" in fedctl("plot", str(out), "-o", str(tmp_path / "nope" / "c.png"))
+    runs = tmp_path / "runs"
+    damaged = runs / "damaged"
+    shutil.copytree(out, damaged)
+    (damaged / "model.json").write_text("{")
+    assert f"{damaged / 'model.json'}: not readable JSON" in fedctl("show", str(damaged))
+    listed = CliRunner().invoke(main, ["runs", str(runs)], prog_name="fedctl")
+    assert listed.exit_code == 0, listed.output
+    assert "damaged: model.json unreadable" in listed.stdout
 
 
 def _tracked(out: Path, summary: dict[str, Any]) -> None:

@@ -66,6 +66,13 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
         data.write_text("\n".join(_rows(200, labelled=False)) + "\n")
         return {"data": {"path": str(data)}}, (
             f"{data}: no 'label' on any row, but family mlp learns from labels")
+    if case == "data path is a folder":
+        return {"data": {"path": str(tmp)}}, f"data.path: {tmp}: a folder; expected a JSONL file"
+    if case == "data not UTF-8":
+        data.write_text("\n".join(rows[:5]) + "\n")
+        with data.open("ab") as fh:
+            fh.write(b'{"text": "caf\xe9", "label": "a"}\n')
+        return {"data": {"path": str(data)}}, f"{data}:6: not UTF-8 text (invalid continuation byte"
     if case == "task typo":
         return {"data": {"task": "multiclas"}}, (
             "data.task: expected one of multiclass, one_vs_rest, got 'multiclas'")
@@ -80,8 +87,9 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
 
 
 RUN_TOO = ("malformed line", "sync NTM without a whole step")
-BAD = ["missing data file", "malformed line", "empty file", "classifier without labels",
-       "task typo", "sync NTM without a whole step", "no word survives min_df"]
+BAD = ["missing data file", "data path is a folder", "data not UTF-8", "malformed line",
+       "empty file", "classifier without labels", "task typo", "sync NTM without a whole step",
+       "no word survives min_df"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -209,6 +217,104 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
     _quiet(replaced)
     assert json.loads((out / "model.json").read_text())["run_id"] != run_id
     assert not list(tmp_path.glob("out.partial*")) and not list(tmp_path.glob("out.old"))
+
+
+def test_a_users_folder_is_never_replaced(make_config: MakeConfig, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--output` at a folder of the user's own (the current one, `..`, a project) is refused,
+    `--overwrite` or not: a run used to replace whatever it found there that held no model."""
+    from common.config import ConfigError, load_config
+    from fedctl.run import output_folder
+
+    config = load_config(make_config(tmp_path))
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "notes.txt").write_text("precious")
+    monkeypatch.chdir(project)
+    for out, said in ((str(project), "holds files that are not a fedctl run's"),
+                      (".", "holds files that are not a fedctl run's"),
+                      ("src/..", "holds files that are not a fedctl run's"),
+                      ("/", "is the root folder"),
+                      (str(project / "src" / "notes.txt"), "is a file, not a folder")):
+        config.output_dir = out
+        for overwrite in (False, True):
+            with pytest.raises(ConfigError, match=said):
+                output_folder(config, overwrite)
+    assert (project / "src" / "notes.txt").read_text() == "precious"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config.output_dir = str(empty)
+    assert output_folder(config) == empty  # an empty folder is taken, as a new one is
+
+
+def test_a_second_run_into_the_same_folder_is_refused(make_config: MakeConfig,
+                                                      tmp_path: Path) -> None:
+    """Two runs into one output folder would each clear the other's `.partial`: the second is
+    refused while the first holds it (a lock the system drops with the process)."""
+    from common.config import ConfigError, load_config
+    from fedctl.run import _claimed
+
+    config = load_config(make_config(tmp_path))
+    staging = tmp_path / "out.partial"
+    with _claimed(staging, config):
+        (staging / "cluster.yaml").write_text("the first run's\n")
+        with pytest.raises(ConfigError, match="another fedctl run is writing into"), \
+                _claimed(staging, config):
+            pass
+        assert (staging / "cluster.yaml").read_text() == "the first run's\n"
+    with _claimed(staging, config):  # free again: an earlier attempt's files are cleared
+        assert not any(staging.iterdir())
+    theirs = tmp_path / "theirs.partial"
+    (theirs / "a").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is in the way"), _claimed(theirs, config):
+        pass
+    assert (theirs / "a").is_dir()
+
+
+def test_publishing_keeps_a_users_folder_named_like_the_old_run(tmp_path: Path) -> None:
+    from common.config import parse_config
+    from fedctl.run import _keep_failed, _publish
+
+    final, staging = tmp_path / "x", tmp_path / "x.partial"
+    for d in (final, staging, tmp_path / "x.old", tmp_path / "x.failed"):
+        d.mkdir()
+        (d / "mine").write_text(d.name)
+    (final / "model.json").write_text("{}")  # the finished run being replaced
+    _publish(parse_config({"output_dir": str(final)}), staging, final, None)
+    assert (final / "mine").read_text() == "x.partial"
+    staging.mkdir()
+    _keep_failed(staging, final, 1, "why")
+    assert (tmp_path / "x.old" / "mine").read_text() == "x.old"
+    assert (tmp_path / "x.failed" / "mine").read_text() == "x.failed"  # the user's, kept
+    (kept,) = tmp_path.glob("x.failed-*")
+    assert (kept / "FAILED").read_text() == "exit code 1: why\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_run_that_fails_before_training_is_kept_as_failed(make_config: MakeConfig,
+                                                            tmp_path: Path) -> None:
+    """A failure while preparing (here the embedding cache cannot be made) ends as a failed
+    run, `<output>.failed` with its note, not a `.partial` left behind."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    config = make_config(tmp_path, data={"cache_dir": str(blocker / "cache")})
+    run = _fedctl("run", "--config", str(config), "--no-progress")
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("Error: ")
+    assert not (tmp_path / "out.partial").exists() and not (tmp_path / "out").exists()
+    assert (tmp_path / "out.failed" / "FAILED").read_text().startswith("exit code 1: ")
+
+
+def test_run_needs_its_workers_listed(make_config: MakeConfig, tmp_path: Path) -> None:
+    """No worker listed: `check` says the master would admit any; `fedctl run` refuses (its
+    master alone used to wait for ever)."""
+    config = make_config(tmp_path, workers=[], min_workers=1)
+    checked = _fedctl("check", "--config", str(config), "--no-family")
+    assert checked.returncode == 0, checked.stderr
+    assert "0 worker(s) (none listed: the master admits any worker" in checked.stdout
+    line = _one_line_error(_fedctl("run", "--config", str(config), "--no-progress"))
+    assert line.endswith("workers: none listed; `fedctl run` starts one process per listed "
+                         "worker: list them, or pass --workers N")
 
 
 def _alive(pid: int) -> bool:
@@ -363,3 +469,19 @@ def test_refused_worker_ends_with_one_line(make_config: MakeConfig, tmp_path: Pa
                                          "list")
     finally:
         kill_tree(master)
+
+
+def test_a_worker_id_that_names_another_folder_is_refused(make_config: MakeConfig,
+                                                          tmp_path: Path) -> None:
+    """A worker's id is its snapshots' folder too: `--id ..` would have named the run's own
+    output folder, which the worker deletes at its end."""
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+
+    config = make_config(tmp_path, workers=[], min_workers=1)
+    result = CliRunner().invoke(main, ["worker", "--config", str(config), "--id", "..",
+                                       "--threads", "1"], prog_name="fedctl")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == ("Error: --id: expected letters, digits, '_', '.' or '-' "
+                                     "(up to 64, starting with a letter or digit), got '..'")

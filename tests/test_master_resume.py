@@ -111,3 +111,21 @@ def test_update_before_the_resumed_round_opens_is_redone(tmp_path: Path,
     for r in (3, 4):  # every worker took part in the resumed rounds
         assert (rounds[r]["n_updates"], rounds[r]["missing"]) == (3, []), rounds[r]
     assert sorted(reports) == WORKERS
+
+
+def test_resume_refuses_a_finished_run_and_an_empty_folder(make_config: MakeConfig,
+                                                           tmp_path: Path) -> None:
+    """`fedctl master --resume` on a finished run used to write its results over with n/a;
+    on a folder with no checkpoint it left an empty metrics log behind. Both are refused
+    before anything is written."""
+    cfg = load_config(make_config(tmp_path, workers=1, rounds=1))
+    out = Path(cfg.output_dir)
+    with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
+        Master(cfg, resume=True)
+    assert not out.exists()
+    out.mkdir()
+    (out / "checkpoint.npz").write_bytes(b"the checkpoint of the finished run")
+    (out / "model.json").write_text('{"family": "mlp"}')
+    with pytest.raises(FileNotFoundError, match="holds a finished run"):
+        Master(cfg, resume=True)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz", "model.json"]

@@ -77,17 +77,24 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
     p = Path(path)
     if limit is not None and limit < 1:
         raise DataError(f"{p}: limit must be at least 1, got {limit}")
+    if p.is_dir():
+        raise DataError(f"{p}: a folder; expected a JSONL file (one document a line)")
     if not p.is_file():
         raise DataError(f"{p}: no such file")
 
     texts: list[str] = []
     labels: list[str] = []
     first: tuple[int, bool] | None = None  # the first row's line, and whether it had a label
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with p.open("rb") as fh:  # decoded line by line: an error names its line
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{p}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{where}: not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
             if not line.strip():
                 continue
-            where = f"{p}:{lineno}"
             text, label = _parse_row(line, where)
             if first is None:
                 first = (lineno, label is not None)

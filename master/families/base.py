@@ -50,6 +50,9 @@ class ServerFamily(ABC):
     info_fields: frozenset[str] | None = None
     #: The family learns from labels (a classifier): ``fedctl check`` refuses a file without.
     needs_labels: bool = False
+    #: Scores on the documents it trained on (clustering: no label is read in training, so
+    #: holding documents out protects nothing): the final table says so.
+    transductive: bool = False
     #: The strategy settings its workers apply in training (``Strategy.client_settings``, e.g.
     #: FedProx's ``proximal_mu``); a strategy needing another is refused at start.
     client_settings: frozenset[str] = frozenset()

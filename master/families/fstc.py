@@ -60,6 +60,8 @@ class FSTCServer(ServerFamily):
     models by their sample counts, as the paper prescribes.
     """
 
+    transductive = True
+
     name = "fstc"
     dp_sgd_refusal = ("its loss ties the documents of a batch together through the transport's "
                       "pseudo-labels")
