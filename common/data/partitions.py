@@ -140,7 +140,8 @@ def partition(
     if scheme not in SCHEMES:
         raise DataError(f"unknown partition scheme '{scheme}'; allowed: {', '.join(SCHEMES)}")
     if not 1 <= n_parts <= n:
-        raise DataError(f"n_parts must be between 1 and the number of rows ({n}), got {n_parts}")
+        raise DataError(f"{n_parts} workers cannot share {n} document(s): at most one worker "
+                        f"a document (fewer workers, or more data: data.limit)")
     rng = np.random.default_rng(seed)
 
     if scheme == "iid":
