@@ -134,6 +134,11 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
         link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
         if link is not None:
             cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
+        elif not resume and (Path(cfg.output_dir) / "summary.json").is_file():
+            # A new job there would append to its log and write over its results.
+            raise ConfigError(f"{config}: output_dir: {cfg.output_dir} holds a finished run; "
+                              f"choose another --output, or an output_dir named latest "
+                              f"(a new folder each run)")
         server = Master(cfg, resume=resume)
         server.bind()
         summary = server.serve()

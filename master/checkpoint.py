@@ -58,13 +58,22 @@ class Checkpoint:
         np.savez(fh, **arrays)
 
     @staticmethod
-    def check_resumable(folder: str | Path) -> None:
-        """Raise FileNotFoundError (one line) unless ``folder`` holds a run to continue: a
-        checkpoint, and no final model (a finished run's results would be written over)."""
+    def check_resumable(folder: str | Path, rounds: int) -> None:
+        """Raise FileNotFoundError (one line) unless ``folder`` holds a run to continue to
+        ``rounds``: a checkpoint, and not a finished run of that many rounds already (its
+        results would be written over with nothing trained; a finished run resumed with more
+        rounds trains them, and a master stopped after its model and before its summary is
+        resumed to write it)."""
         path = Path(folder)
-        if (path / "model.json").is_file():
-            raise FileNotFoundError(f"{path}: holds a finished run (model.json): nothing to "
-                                    f"resume")
+        summary = path / "summary.json"
+        if summary.is_file():
+            try:
+                done = json.loads(summary.read_text(encoding="utf-8")).get("rounds")
+            except (ValueError, AttributeError):
+                done = None
+            if isinstance(done, int) and done >= rounds:
+                raise FileNotFoundError(f"{path}: holds a finished run of {done} round(s): "
+                                        f"nothing to resume (--rounds more to train on)")
         if not (path / FILENAME).is_file():
             raise FileNotFoundError(f"{path / FILENAME}: no checkpoint to resume from")
 

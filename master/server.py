@@ -107,7 +107,7 @@ class Master:
         self._noticed_stage: tuple[bytes, str] | None = None  # the last stage told on PUB
         self.out = Path(cfg.output_dir)
         if resume:  # before anything is written there
-            Checkpoint.check_resumable(self.out)
+            Checkpoint.check_resumable(self.out, cfg.rounds)
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.jsonl",
                                   make_sinks(cfg.tracking, self.out, self.run_id)

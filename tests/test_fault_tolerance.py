@@ -116,6 +116,34 @@ def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig
     assert any(r > closed for r in w2_rounds), "w2 never came back"
 
 
+def test_master_started_again_without_resume_is_a_new_job(tmp_path: Path,
+                                                          make_config: MakeConfig,
+                                                          procs: Procs) -> None:
+    """A crashed master started again without --resume (a service restarted as it was) runs
+    a new job: its workers start over with it. They used to wait for ever for a round past
+    the old job's last, while the new master waited for them."""
+    cfg = make_config(tmp_path, workers=2, rounds=6, min_workers=2, model=SLOW, data=DATA)
+    out = tmp_path / "out"
+    procs.master(cfg)
+    procs.worker(cfg, "w1")
+    procs.worker(cfg, "w2")
+    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
+    for w in ("w1", "w2"):  # held while the master is replaced: a fast job could end first
+        procs.procs[w].send_signal(signal.SIGSTOP)
+    procs.procs["master"].send_signal(signal.SIGKILL)
+    procs.procs.pop("master").wait(timeout=10)
+    assert not (out / "summary.json").exists(), "the job ended before the master was killed"
+    new = tmp_path / "new"
+    procs.master(cfg, "--output", str(new), name="master2")
+    for w in ("w1", "w2"):
+        procs.procs[w].send_signal(signal.SIGCONT)
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    assert _rounds(new) == list(range(1, 7))
+    for w in ("w1", "w2"):
+        assert "the master runs a new job" in procs.log(w), procs.log(w)[-2000:]
+
+
 def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:
     """Random, truncated, oversized, wrongly typed and replayed frames; never a well-formed
     update under a real worker's name (without CURVE anyone could send that; see test_security).

@@ -125,7 +125,7 @@ def test_resume_refuses_a_finished_run_and_an_empty_folder(make_config: MakeConf
     assert not out.exists()
     out.mkdir()
     (out / "checkpoint.npz").write_bytes(b"the checkpoint of the finished run")
-    (out / "model.json").write_text('{"family": "mlp"}')
-    with pytest.raises(FileNotFoundError, match="holds a finished run"):
+    (out / "summary.json").write_text('{"rounds": 1}')
+    with pytest.raises(FileNotFoundError, match="holds a finished run of 1 round"):
         Master(cfg, resume=True)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz", "model.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz", "summary.json"]

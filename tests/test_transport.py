@@ -357,3 +357,14 @@ def test_check_request_long_worker_id_limit():
     M.check_request(M.PING, {"worker_id": "a" * 128})
 
 
+
+
+def test_a_workers_requests_wait_out_its_join_timeout() -> None:
+    """A master that died while a worker uploaded may be resumed within join_timeout: the
+    upload is retried that long (it gave up after REQUEST_RETRIES attempts, 50 s)."""
+    from common import constants as C
+    from worker.client import request_attempts
+
+    assert request_attempts(10) == C.REQUEST_RETRIES
+    for join_timeout in (120, 300, 1000):
+        assert request_attempts(join_timeout) * C.REQUEST_TIMEOUT >= join_timeout

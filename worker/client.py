@@ -14,6 +14,7 @@ import collections
 import contextlib
 import gc
 import logging
+import math
 import shutil
 import threading
 import time
@@ -94,6 +95,12 @@ class Heartbeat(threading.Thread):
         self.join(timeout=2 * C.HEARTBEAT_INTERVAL)
 
 
+def request_attempts(join_timeout: float) -> int:
+    """Attempts of a worker's request (each waits REQUEST_TIMEOUT or more for its reply):
+    enough to wait ``join_timeout`` for a master that went away."""
+    return max(C.REQUEST_RETRIES, math.ceil(join_timeout / C.REQUEST_TIMEOUT))
+
+
 class Worker:
     """One worker of the job described by ``cfg``.
 
@@ -123,34 +130,38 @@ class Worker:
             device = known[worker_id].device if worker_id in known else "auto"
         self.device = resolve_device(device)
         self.data = local_data(cfg, worker_id, data_path)
-        seed = worker_seed(cfg, worker_id)
-        torch.manual_seed(seed)
-        self.family: ClientFamily = make_client_family(cfg, self.data, self.device, seed)
-        # A secure round's compression is its ring's width (common/secagg/ring.py): the update
-        # itself goes into the masked input uncompressed.
-        kind = (cfg.compression["kind"] if self.family.compressible
-                and cfg.privacy.secure_aggregation is None else "none")
-        self.compressor = Compressor(kind, cfg.compression.get("fraction", 0.01))
         self.snapshots = (Snapshots(state_dir or default_state_dir(cfg, worker_id), worker_id)
                           if cfg.worker_snapshots else None)
-        self.state_round = 0  # the round the family's state is the state after
         self.run_id: str | None = None
-        self.ready = False  # set up by the pre-training exchange
-        self.last_round = 0  # the last round this worker uploaded (or gave up on)
-        self._trained = 0  # rounds trained: the device check counts these, not global rounds
+        self._new_job()
         self.incarnation: str | None = None
         self.sub: zmq.Socket | None = None
         self.req: LazyPirateClient | None = None
         self.heartbeat: Heartbeat | None = None
         self._last_upload = time.monotonic()
         self._cpu_mark = time.process_time()  # CPU (all threads) at the last upload
-        self._secure_done: dict[int, int] = {}  # round -> the secure attempt last done
-        self._stash: collections.deque[Message] = collections.deque()
         self._received_at = time.time()
         self._sub_bytes = 0
         self._sub_setup = None
         self._subscribed_at = 0.0
         self._clip_warned = False
+
+    def _new_job(self) -> None:
+        """What this worker holds of one job, as it is before the job's first round."""
+        seed = worker_seed(self.cfg, self.worker_id)
+        torch.manual_seed(seed)
+        self.family: ClientFamily = make_client_family(self.cfg, self.data, self.device, seed)
+        # A secure round's compression is its ring's width (common/secagg/ring.py): the update
+        # itself goes into the masked input uncompressed.
+        kind = (self.cfg.compression["kind"] if self.family.compressible
+                and self.cfg.privacy.secure_aggregation is None else "none")
+        self.compressor = Compressor(kind, self.cfg.compression.get("fraction", 0.01))
+        self.state_round = 0  # the round the family's state is the state after
+        self.ready = False  # set up by the pre-training exchange
+        self.last_round = 0  # the last round this worker uploaded (or gave up on)
+        self._trained = 0  # rounds trained: the device check counts these, not global rounds
+        self._secure_done: dict[int, int] = {}  # round -> the secure attempt last done
+        self._stash: collections.deque[Message] = collections.deque()
 
     def _request(self, kind: str, body: dict[str, Any], arrays: dict | None = None) -> Message:
         assert self.req is not None
@@ -173,7 +184,11 @@ class Worker:
             setup = client_keys(self.cfg.security.keys_dir, self.worker_id).setup
         self._sub_setup = setup
         self._subscribe()
-        self.req = LazyPirateClient(self.ctx, m.rep_endpoint, setup=setup)
+        # A request goes on being retried for join_timeout: a master that died while this
+        # worker uploaded may be resumed within it, as the README says (it gave up after
+        # REQUEST_RETRIES attempts, 50 s, whatever join_timeout said).
+        self.req = LazyPirateClient(self.ctx, m.rep_endpoint, setup=setup,
+                                    retries=request_attempts(self.cfg.join_timeout))
         self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup)
         try:
             first = self._wait_announce(self.cfg.join_timeout)
@@ -236,7 +251,15 @@ class Worker:
         info = self.family.registration_info()
         reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
                                            "device": self.device, "info": info})
-        self.run_id = reply.body.get("run_id")
+        run_id = reply.body.get("run_id")
+        if self.run_id is not None and run_id is not None and run_id != self.run_id:
+            # The master was started again without --resume: a new job, whose round 1 comes
+            # after this worker's old rounds (it used to wait for ever for a round past them).
+            # What was registered (its documents' sizes, classes, words) holds for it too.
+            log.warning("the master runs a new job (%s; this worker was in %s): starting over",
+                        run_id, self.run_id)
+            self._new_job()
+        self.run_id = run_id
         self.incarnation = reply.body.get("incarnation")
         if self.snapshots is not None and self.run_id is not None:
             self.snapshots.adopt(str(self.run_id))
