@@ -406,6 +406,18 @@ def config_to_dict(cfg: ClusterConfig) -> dict[str, Any]:
     return out
 
 
+def job_terms(cfg: ClusterConfig) -> dict[str, Any]:
+    """What every node of one job must agree on, as plain data: the model and how it is
+    trained (strategy, seed: a simulated worker's share of the data too), the task, privacy
+    and compression. Not what differs by node: paths, devices, ports, output folders, rounds
+    (``--rounds`` given to the master alone). A worker sends it when it registers
+    (master/agreement.py)."""
+    privacy = {k: v for k, v in asdict(cfg.privacy).items() if v is not None}
+    return {"model": dict(cfg.model), "strategy": dict(cfg.strategy), "seed": cfg.seed,
+            "data": {"task": cfg.data.task, "positive": cfg.data.positive},
+            "privacy": privacy, "compression": dict(cfg.compression)}
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key written twice in one mapping (PyYAML keeps the
     last silently: ``rounds: 5`` then ``rounds: 7`` would run 7 rounds without a word)."""

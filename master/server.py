@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from common import constants as C
-from common.config import ClusterConfig
+from common.config import ClusterConfig, job_terms
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.net import errors
 from common.net import messages as M
@@ -39,6 +39,7 @@ from common.secagg.protocol import round_context
 from common.secagg.ring import ring_bits
 from common.tracking import make_sinks
 from master import screening
+from master.agreement import job_differences, refusal
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
 from master.families.base import check_arrays
@@ -138,6 +139,7 @@ class Master:
         self._auth = None
         self._checkpoints = CheckpointWriter(self.out, self.metrics, cfg.checkpoint_budget)
         self.privacy = PrivacyLedger(cfg.privacy, cfg.client_fraction)
+        self._terms = job_terms(cfg)  # kept in each checkpoint: a resume must agree with them
         if resume:
             self._restore(Checkpoint.load(self.out))
 
@@ -316,6 +318,10 @@ class Master:
         if known is not None and known.n_samples != b["n_samples"]:
             raise ProtocolError(f"register: {wid} registered with {known.n_samples} samples, "
                                 f"not {b['n_samples']}", code=errors.REJECTED)
+        if "job" in b:  # (a plug-in's worker may not say)
+            differences = job_differences(self.cfg, self.family, b["job"])
+            if differences:
+                raise ProtocolError(refusal(wid, differences), code=errors.REJECTED)
         self.family.check_info(b["info"])
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
@@ -899,12 +905,18 @@ class Master:
             "events": events, "run_id": self.run_id, "round": self.round,
             "version": self.version, "registrations": self.roster.registrations(),
             "rng_state": self.roster.rng.bit_generator.state, "family": self.cfg.family,
-            "strategy": self.family.strategy.name,
+            "strategy": self.family.strategy.name, "terms": self._terms,
             "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
         restore(ckpt, self.family)
         m = ckpt.meta
+        if "terms" in m:  # (checkpoints written before the terms were kept: not compared)
+            differences = job_differences(self.cfg, self.family, m["terms"],
+                                          there="in the checkpoint", here="in the config")
+            if differences:  # the run would go on under one model and be saved as another
+                raise RuntimeError(f"--resume: the checkpoint's job is not {self.cfg.source}'s: "
+                                   f"{'; '.join(differences[:3])}")
         self.run_id = m["run_id"]
         self.version = int(m["version"])
         self.roster.restore(m["registrations"], m["rng_state"])

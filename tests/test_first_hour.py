@@ -454,6 +454,43 @@ def test_a_worker_of_another_job_leaves_before_it_registers(make_config: MakeCon
     assert "registered w1" not in log.read_text() and "refused" not in log.read_text()
 
 
+def test_a_worker_whose_config_differs_is_refused_naming_each_difference(
+        make_config: MakeConfig, tmp_path: Path) -> None:
+    """Each node reads its own cluster.yaml. A worker with another positive class used to
+    make the master build a three-class model, and one with another width to fail mid-round
+    with its message cut short: now it is refused at registration, in one line naming each
+    difference; a difference only of paths or rounds is not one."""
+    master_cfg = make_config(tmp_path, workers=2, name="master.yaml",
+                             model={"family": "mlp", "hidden": 16})
+    ports = yaml.safe_load(master_cfg.read_text())["master"]
+    drifted = make_config(tmp_path, workers=2, name="drifted.yaml", master=ports,
+                          model={"family": "mlp", "hidden": 32},
+                          data={"positive": "Athlete"})
+    log = tmp_path / "master.log"
+    with open(log, "w") as fh:
+        master = subprocess.Popen(fedctl_command("master", "--config", str(master_cfg)),
+                                  cwd=ROOT, env=child_env(), stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        proc = _fedctl("worker", "--config", str(drifted), "--id", "w1", "--threads", "1",
+                       "--log-level", "warning", timeout=120)
+        assert _one_line_error(proc) == (
+            "Error: the master refused w1: rejected: w1's configuration differs from the "
+            "master's: data.positive: 'Athlete' there, 'MeanOfTransportation' here; "
+            "model.hidden: 32 there, 16 here")
+    finally:
+        kill_tree(master)
+    assert "registered w1" not in log.read_text()
+
+    from common.config import job_terms, load_config
+    from master.agreement import job_differences
+    from master.families import make_server_family
+
+    ours = load_config(master_cfg)
+    elsewhere = load_config(master_cfg, ("rounds=7", "output_dir=/elsewhere",
+                                         "data.cache_dir=/elsewhere"))
+    assert job_differences(ours, make_server_family(ours), job_terms(elsewhere)) == []
+
+
 def test_refused_worker_ends_with_one_line(make_config: MakeConfig, tmp_path: Path) -> None:
     config = make_config(tmp_path, workers=2, model={"family": "nmf", "n_topics": 4})
     own = tmp_path / "own.jsonl"

@@ -129,3 +129,19 @@ def test_resume_refuses_a_finished_run_and_an_empty_folder(make_config: MakeConf
     with pytest.raises(FileNotFoundError, match="holds a finished run of 1 round"):
         Master(cfg, resume=True)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz", "summary.json"]
+
+
+def test_resume_refuses_a_config_of_another_model(tmp_path: Path,
+                                                  make_config: MakeConfig) -> None:
+    """A resume with another width used to go on training the checkpoint's arrays and save
+    them under the new width's name (a model no one could load)."""
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    wider = make_config(tmp_path, rounds=4, name="wider.yaml",
+                        model={"family": "mlp", "hidden": 7})
+    with pytest.raises(RuntimeError, match=r"--resume: the checkpoint's job is not .*"
+                                           r"model\.hidden: \d+ in the checkpoint, 7 in the "
+                                           r"config"):
+        Master(load_config(wider), resume=True)

@@ -25,7 +25,7 @@ import torch
 import zmq
 
 from common import constants as C
-from common.config import ClusterConfig, ConfigError
+from common.config import ClusterConfig, ConfigError, job_terms
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.data.embedding import resolve_device
 from common.data.shards import local_data, worker_seed
@@ -250,7 +250,8 @@ class Worker:
                               f"(nothing was sent)")
         info = self.family.registration_info()
         reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
-                                           "device": self.device, "info": info})
+                                           "device": self.device, "info": info,
+                                           "job": job_terms(self.cfg)})
         run_id = reply.body.get("run_id")
         if self.run_id is not None and run_id is not None and run_id != self.run_id:
             # The master was started again without --resume: a new job, whose round 1 comes

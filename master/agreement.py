@@ -1,0 +1,82 @@
+"""Whether a worker's configuration agrees with the master's on what makes the job.
+
+Each node reads its own ``cluster.yaml``; nothing else makes them agree. A worker whose model,
+strategy, seed, task, privacy or compression differs from the master's used to train silently
+on other terms (another positive class made a three-class model; another width failed in the
+middle of round 1 with a message cut short). Its registration now carries those terms
+(:func:`common.config.job_terms`) and the master refuses it, naming each difference. What
+differs by node is not compared: paths, devices, ports, output folders, round counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from common.config import ClusterConfig, ConfigError, build_params, job_terms
+
+#: Differences named in one refusal; the rest are counted.
+SHOWN = 3
+
+
+def _flat(tree: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    """``{"model.hidden": 16, ...}``; a deep or odd tree (a hostile one) is cut at depth 4."""
+    if isinstance(tree, Mapping) and depth < 4:
+        out: dict[str, Any] = {}
+        for k, v in list(tree.items())[:200]:
+            out.update(_flat(v, f"{prefix}{str(k)[:40]}.", depth + 1))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def _model(family: Any, section: Mapping[str, Any]) -> dict[str, Any]:
+    """The model section with the family's defaults filled in (``hidden`` left out and
+    ``hidden: 64`` are the same model), where the family's hyperparameters are a dataclass."""
+    params = getattr(family, "params", None)
+    rest = {k: v for k, v in section.items() if k != "family"}
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        try:
+            filled = dataclasses.asdict(build_params(type(params), rest, "model"))
+        except (ConfigError, TypeError, ValueError) as exc:
+            return {"family": section.get("family"), "(invalid)": str(exc)[:80]}
+        return {"family": section.get("family"), **filled}
+    return dict(section)
+
+
+def job_differences(cfg: ClusterConfig, family: Any, theirs: Any, there: str = "there",
+                    here: str = "here") -> list[str]:
+    """Each term on which ``theirs`` (a worker's :func:`~common.config.job_terms`) differs from
+    this master's, as ``"model.hidden: 32 there, 16 here"``; empty when they agree.
+
+    A term one side leaves unset where the other sets it (a strategy's option written on one
+    node only) is a difference too, except in the model section, whose defaults are filled in.
+    """
+    if not isinstance(theirs, Mapping):
+        return [f"job: expected a mapping, got {type(theirs).__name__}"]
+    ours = job_terms(cfg)
+    mine_model, their_model = ours.pop("model"), theirs.get("model")
+    found = []
+    if isinstance(their_model, Mapping):
+        a = _flat(_model(family, their_model), "model.")
+        b = _flat(_model(family, mine_model), "model.")
+    else:
+        a, b = {"model": their_model}, {"model": mine_model}
+    a |= _flat({k: v for k, v in theirs.items() if k != "model"})
+    b |= _flat(ours)
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            found.append(f"{key}: {_show(a.get(key))} {there}, {_show(b.get(key))} {here}")
+    return found
+
+
+def _show(value: Any) -> str:
+    text = "unset" if value is None else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def refusal(worker_id: str, differences: list[str]) -> str:
+    """One line naming the first :data:`SHOWN` differences."""
+    more = len(differences) - SHOWN
+    return (f"{worker_id}'s configuration differs from the master's: "
+            f"{'; '.join(differences[:SHOWN])}{f' (and {more} more)' if more > 0 else ''}")
