@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -123,6 +124,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     """Run the master: announce, collect updates, aggregate, write results."""
     _setup_logging(log_level)
     from common.net.security import SecurityError
+    from fedctl.run import Stopped, stopped_by_signals
     from master.server import Master
 
     try:
@@ -141,7 +143,8 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
                               f"(a new folder each run)")
         server = Master(cfg, resume=resume)
         server.bind()
-        summary = server.serve()
+        with stopped_by_signals():
+            summary = server.serve()
         if summary.get("failed"):
             raise RuntimeError(summary["failed"])
         _draw_curves(Path(cfg.output_dir))
@@ -153,6 +156,15 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
                                f"round(s)")
     except (ConfigError, SecurityError, OSError, TimeoutError, RuntimeError) as exc:
         _fail(exc)
+    except (KeyboardInterrupt, Stopped) as exc:
+        # serve() has closed its checkpoint writer and log on the way out.
+        out = Path(cfg.output_dir) if "cfg" in locals() else None
+        kept = out is not None and (out / "checkpoint.npz").is_file()
+        name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        click.echo(f"Error: stopped by {name}"
+                   + (f"; the checkpoint in {out} is kept: continue with `fedctl master "
+                      f"--resume`" if kept else ""), err=True)
+        sys.exit(128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum))
     finally:
         if "server" in locals():
             server.close()
@@ -410,10 +422,15 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                 + (f" ({', '.join(found.not_here)}: own file not on this host, not read)"
                    if found.not_here else "")
                 + ("; ports free." if found.ports_checked else "."))
+    out = Path(cfg.output_dir)
+    taken = (" Note: output_dir holds a finished run; `fedctl run` needs --overwrite to replace "
+             "it (or another --output)." if out.name != "latest"
+             and (out / "model.json").is_file() else "")
     click.echo(f"{summary['config']}: valid. Family {cfg.family} (strategy "
                f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
                f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or _ANY}), "
-               f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}")
+               f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}"
+               f"{taken}")
 
 
 #: What `check` says of a config that lists no worker.

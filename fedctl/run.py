@@ -206,7 +206,7 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
     log.error("the run failed; its logs are in %s", failed / "logs")
 
 
-class _Stopped(BaseException):
+class Stopped(BaseException):
     """A signal asked this run to stop (``signum``): what Ctrl-C's KeyboardInterrupt is to
     SIGINT, for SIGTERM (``kill``, ``timeout``, a scheduler, ``docker stop``) and SIGHUP (the
     terminal closed). A BaseException, as KeyboardInterrupt is: no ``except Exception`` on the
@@ -218,13 +218,25 @@ class _Stopped(BaseException):
 
 
 def _stop_on(signum: int, frame: object) -> None:
-    raise _Stopped(signum)
+    raise Stopped(signum)
 
 
 #: Signals that stop a run as Ctrl-C does. The processes it started have sessions of their own
 #: (a Ctrl-C at the terminal reaches this process only), so left to the default action these
 #: would end this process and leave the master and workers running, orphaned.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP raise :class:`Stopped` where this (main) thread is, so that
+    ``finally`` blocks run as for Ctrl-C (a master closes its checkpoint writer, its log)."""
+    before = {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
@@ -244,7 +256,7 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted (Ctrl-C): stopping the master and workers")
         code = 130
-    except _Stopped as exc:
+    except Stopped as exc:
         log.warning("stopped by %s: stopping the master and workers", exc)
         code = 128 + exc.signum
     finally:

@@ -906,6 +906,10 @@ class Master:
             "version": self.version, "registrations": self.roster.registrations(),
             "rng_state": self.roster.rng.bit_generator.state, "family": self.cfg.family,
             "strategy": self.family.strategy.name, "terms": self._terms,
+            # What summary.json tells of the members, which a resume must not forget (and an
+            # excluded worker must stay excluded).
+            "excluded": dict(self.excluded), "refused": self._refusals(),
+            "errors_served": self.errors_served,
             "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -920,6 +924,11 @@ class Master:
         self.run_id = m["run_id"]
         self.version = int(m["version"])
         self.roster.restore(m["registrations"], m["rng_state"])
+        self.excluded = {str(w): str(why) for w, why in (m.get("excluded") or {}).items()}
+        self._expected -= set(self.excluded)
+        for w, counts in (m.get("refused") or {}).items():
+            self.refused[w].update(counts)
+        self.errors_served = int(m.get("errors_served", 0))
         now = time.monotonic()
         done = int(m["round"])
         # The last round's events, if the master died between its checkpoint and its log line.

@@ -144,6 +144,32 @@ def test_master_started_again_without_resume_is_a_new_job(tmp_path: Path,
         assert "the master runs a new job" in procs.log(w), procs.log(w)[-2000:]
 
 
+def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_config: MakeConfig,
+                                                       procs: Procs) -> None:
+    """`systemctl stop`, `kill`: the master closes its checkpoint writer and log, says where
+    its checkpoint is and how to continue (it died in silence, -15), and --resume ends the
+    job with every round once."""
+    cfg = make_config(tmp_path, workers=2, rounds=8, min_workers=2, model=SLOW, data=DATA)
+    out = tmp_path / "out"
+    procs.master(cfg)
+    procs.worker(cfg, "w1")
+    procs.worker(cfg, "w2")
+    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
+    for w in ("w1", "w2"):  # held while the master is away: a fast job could end first
+        procs.procs[w].send_signal(signal.SIGSTOP)
+    procs.procs["master"].send_signal(signal.SIGTERM)
+    assert procs.procs.pop("master").wait(timeout=30) == 128 + signal.SIGTERM
+    assert procs.log("master").strip().splitlines()[-1] == (
+        f"Error: stopped by SIGTERM; the checkpoint in {out} is kept: continue with "
+        f"`fedctl master --resume`")
+    procs.master(cfg, "--resume", name="master2")
+    for w in ("w1", "w2"):
+        procs.procs[w].send_signal(signal.SIGCONT)
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    assert _rounds(out) == list(range(1, 9))
+
+
 def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:
     """Random, truncated, oversized, wrongly typed and replayed frames; never a well-formed
     update under a real worker's name (without CURVE anyone could send that; see test_security).

@@ -192,6 +192,9 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
     assert again == (f"Error: {config}: output_dir: {out} holds a finished run; pass "
                      f"--overwrite to replace it, or choose another --output")
     assert json.loads((out / "model.json").read_text())["run_id"] == run_id  # untouched
+    checked = _fedctl("check", "--config", str(config), "--no-family")
+    assert "Note: output_dir holds a finished run; `fedctl run` needs --overwrite" in (
+        checked.stdout), checked.stdout
 
     # A run stopped half-way leaves its logs in out.failed and the finished run as it was.
     stopped = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress",

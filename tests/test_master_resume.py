@@ -145,3 +145,35 @@ def test_resume_refuses_a_config_of_another_model(tmp_path: Path,
                                            r"model\.hidden: \d+ in the checkpoint, 7 in the "
                                            r"config"):
         Master(load_config(wider), resume=True)
+
+
+def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
+                                                       make_config: MakeConfig) -> None:
+    """summary.json after a resume used to say `excluded: {}` and count refusals from zero:
+    an excluded member could even register again. The checkpoint keeps them."""
+    import json
+
+    from common.atomic import atomic_write
+    from master.checkpoint import FILENAME, Checkpoint
+
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(load_config(first).output_dir)
+    ckpt = Checkpoint.load(out)
+    assert ckpt.meta["excluded"] == {}
+    ckpt.meta["excluded"] = {"w9": "sent a poisoned update"}  # as a run would have
+    ckpt.meta["refused"] = {"w9": {"bad_field": 3}}
+    atomic_write(out / FILENAME, ckpt.write_to)
+
+    more = make_config(tmp_path, rounds=3, checkpoint_every=1, name="three.yaml")
+    master, server, _, errors = _run(more, resume=True)
+    back = _request(load_config(more).master.rep_endpoint, "register",
+                    {"worker_id": "w9", "n_samples": 5, "device": "cpu", "info": {}})
+    assert (back.kind, back.body["code"]) == ("error", "excluded")
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["excluded"] == {"w9": "sent a poisoned update"}
+    assert summary["refused"]["w9"]["bad_field"] == 3
