@@ -385,6 +385,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             w.data = str((base / w.data).resolve())
     if data.cache_dir:
         cfg.data.cache_dir = str((base / data.cache_dir).resolve())
+    if data.embedding_model:  # a folder on this machine (nothing is downloaded), as the others
+        cfg.data.embedding_model = str((base / data.embedding_model).resolve())
     # Absolute, but a link (runs/latest) stays a link: it names the run history, not a run.
     cfg.output_dir = os.path.abspath(base / cfg.output_dir)
     if cfg.security.keys_dir:

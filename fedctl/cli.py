@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from common.config import WORKER_NAME, ClusterConfig, ConfigError, load_config
+from fedctl.errors import fail, one_line
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -48,8 +49,6 @@ def _load(config: str, workers: int | None = None, rounds: int | None = None,
     return cfg
 
 
-def _fail(exc: BaseException) -> None:
-    raise click.ClickException(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 #: Whether this process is the ``fedctl`` command itself (:func:`entry`), which
@@ -155,7 +154,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
             raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "
                                f"round(s)")
     except (ConfigError, SecurityError, OSError, TimeoutError, RuntimeError) as exc:
-        _fail(exc)
+        fail(exc)
     except (KeyboardInterrupt, Stopped) as exc:
         # serve() has closed its checkpoint writer and log on the way out.
         out = Path(cfg.output_dir) if "cfg" in locals() else None
@@ -244,13 +243,13 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
                               f"starting with a letter or digit), got {worker_id!r}")
         Worker(cfg, worker_id, data_path=data, device=device).run()
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
-        _fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
+        fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable,
             GPUMemoryError) as exc:
-        _fail(exc)  # SecurityError is a ValueError
+        fail(exc)  # SecurityError is a ValueError
     except Exception as exc:  # anything else ends the worker in one line too
         logging.getLogger("fedctl.worker").debug("worker failed", exc_info=True)
-        _fail(RuntimeError(f"{worker_id} stopped: {type(exc).__name__}: {exc} (--log-level "
+        fail(RuntimeError(f"{worker_id} stopped: {type(exc).__name__}: {exc} (--log-level "
                            f"debug shows where)"))
     _end()
 
@@ -294,7 +293,7 @@ def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: in
         code = run_local_cluster(cfg, progress=progress, log_level=log_level,
                                  overwrite=overwrite)
     except (ConfigError, ValueError, OSError) as exc:
-        _fail(exc)
+        fail(exc)
     except KeyboardInterrupt:  # before any process started (else the run handles it): 130
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -322,11 +321,11 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
     try:
         cfg = _load(config, workers)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     folder = Path(keys_dir or cfg.security.keys_dir or "keys")
     names = [w.name for w in cfg.workers]
     if not names:
-        _fail(ConfigError(f"{cfg.source}: workers: no workers to make keys for"))
+        fail(ConfigError(f"{cfg.source}: workers: no workers to make keys for"))
     written = write_keys(folder, names, overwrite=force)
     click.echo(f"{len(written)} key file(s) written to {folder} "
                f"(master + {len(names)} worker(s); existing keys kept unless --force)")
@@ -367,7 +366,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
 
             found = preflight(cfg, ports=ports)
     except (ConfigError, ValueError, TypeError, OSError) as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = one_line(exc)
         raise click.ClickException(text.replace(config, display_name) if display_name
                                    else text) from None
     from common.privacy.dp import describe

@@ -12,6 +12,7 @@ import numpy as np
 
 from common.config import ClusterConfig, load_config
 from common.runlog import read_metrics
+from fedctl.errors import one_line
 
 __all__ = ["Run", "load_run", "list_runs", "wall_time", "headline"]
 
@@ -76,7 +77,7 @@ def load_run(path: str | Path) -> Run:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{folder / 'model.npz'}: not a readable model "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                         f"({one_line(exc)})"
                          ) from None
     model = read_json(folder / "model.json") or {}
     return Run(path=folder, family=str(model.get("family", "")),

@@ -13,13 +13,12 @@ from pathlib import Path
 import click
 
 from common.atomic import atomic_write_bytes
+from fedctl.errors import fail
 
 _run_arg = click.argument("run", type=click.Path(exists=True, file_okay=False),
                           default="runs/latest")
 
 
-def _fail(exc: BaseException) -> None:
-    raise click.ClickException(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def _read_texts(path: str) -> list[str]:
@@ -80,7 +79,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
         # trained on costs no embedding at all.
         lines = [json.dumps(r) for r in model.records(texts, progress=progress)]
     except (FileNotFoundError, ValueError, ModelError) as exc:
-        _fail(exc)
+        fail(exc)
     data = "".join(line + "\n" for line in lines).encode()
     if output is None:
         click.echo(data.decode(), nl=False)
@@ -103,7 +102,7 @@ def topics(run: str, n_words: int) -> None:
         if not isinstance(model, TopicModel):
             raise ModelError(f"{run}: family {model.family} has no topics (a {model.kind})")
     except (FileNotFoundError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     heads = model.get_topics(n_words)
     width = len(str(len(heads) - 1))
     for k, words in enumerate(heads):
@@ -121,7 +120,7 @@ def show(run: str) -> None:
 
         r = load_run(folder)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     s = r.summary or {}
     cfg = r.config
     wall = wall_time(folder)
@@ -182,18 +181,18 @@ def plot(runs: tuple[str, ...], output: str, title: str | None) -> None:
 
     for r in runs:
         if not (Path(r) / "metrics.jsonl").is_file():
-            _fail(FileNotFoundError(f"{r}: no metrics.jsonl (not a fedctl run)"))
+            fail(FileNotFoundError(f"{r}: no metrics.jsonl (not a fedctl run)"))
     kinds = FigureCanvasBase.get_supported_filetypes()
     suffix = Path(output).suffix.lstrip(".").lower()
     if suffix not in kinds:
-        _fail(ValueError(f"--output {output}: a picture's name ends in one of "
+        fail(ValueError(f"--output {output}: a picture's name ends in one of "
                          f".{', .'.join(sorted(kinds))}"))
     if not Path(output).resolve().parent.is_dir():
-        _fail(FileNotFoundError(f"--output {output}: no folder {Path(output).parent}"))
+        fail(FileNotFoundError(f"--output {output}: no folder {Path(output).parent}"))
     try:
         click.echo(f"wrote {plot_runs(runs, output, title)}")
     except (OSError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
 
 
 #: ``fedctl init --family NAME``: the example each family starts from.
@@ -215,10 +214,10 @@ def init(family: str, output: str, force: bool) -> None:
     Then: `fedctl check`, `fedctl run`."""
     target = Path(output)
     if target.exists() and not force:
-        _fail(FileExistsError(f"{target}: exists (use --force to replace it)"))
+        fail(FileExistsError(f"{target}: exists (use --force to replace it)"))
     source = EXAMPLES / STARTERS[family]
     if not source.is_file():
-        _fail(FileNotFoundError(f"{source}: the examples are not installed with this copy"))
+        fail(FileNotFoundError(f"{source}: the examples are not installed with this copy"))
     text = source.read_text()
     # The bundled data: relative to the new file inside the project, absolute outside it; the
     # runs go beside the new file.

@@ -45,6 +45,11 @@ def preflight(cfg: ClusterConfig, ports: bool = True) -> Preflight:
         raise ConfigError(f"{cfg.source}: data.path: {shared}: "
                           + ("a folder; expected a JSONL file" if shared.is_dir() else
                              "no such file (a relative path is read from the config's folder)"))
+    model = cfg.data.embedding_model
+    if model is not None and not (Path(model) / "config.json").is_file():
+        raise ConfigError(f"{cfg.source}: data.embedding_model: {model}: not a sentence model's "
+                          f"folder (one saved on this machine, with its config.json: nothing "
+                          f"is downloaded)")
     family = make_server_family(cfg)
     found = Preflight(family)
     shards = worker_shards(cfg, found)

@@ -73,6 +73,9 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
         with data.open("ab") as fh:
             fh.write(b'{"text": "caf\xe9", "label": "a"}\n')
         return {"data": {"path": str(data)}}, f"{data}:6: not UTF-8 text (invalid continuation byte"
+    if case == "sentence model by name":  # a name would be looked up on the Hub
+        return {"data": {"embedding_model": "all-MiniLM-L6-v2"}}, (
+            f"data.embedding_model: {tmp / 'all-MiniLM-L6-v2'}: not a sentence model's folder")
     if case == "task typo":
         return {"data": {"task": "multiclas"}}, (
             "data.task: expected one of multiclass, one_vs_rest, got 'multiclas'")
@@ -88,8 +91,8 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
 
 RUN_TOO = ("malformed line", "sync NTM without a whole step")
 BAD = ["missing data file", "data path is a folder", "data not UTF-8", "malformed line",
-       "empty file", "classifier without labels", "task typo", "sync NTM without a whole step",
-       "no word survives min_df"]
+       "empty file", "classifier without labels", "sentence model by name", "task typo",
+       "sync NTM without a whole step", "no word survives min_df"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -525,3 +528,17 @@ def test_a_worker_id_that_names_another_folder_is_refused(make_config: MakeConfi
     assert result.exit_code == 1, result.output
     assert result.stderr.strip() == ("Error: --id: expected letters, digits, '_', '.' or '-' "
                                      "(up to 64, starting with a letter or digit), got '..'")
+
+
+def test_an_error_of_several_lines_is_joined_not_cut() -> None:
+    """torch's first line is a heading only: a worker of another width ended with "Error(s)
+    in loading state_dict for Sequential:", the sizes that differ cut off."""
+    from fedctl.errors import MAX_CHARS, one_line
+
+    exc = RuntimeError("Error(s) in loading state_dict for Sequential:\n\tsize mismatch for "
+                       "0.weight: copying a param with shape [16, 384], the model has [32, 384].")
+    assert one_line(exc) == ("Error(s) in loading state_dict for Sequential: size mismatch for "
+                             "0.weight: copying a param with shape [16, 384], the model has "
+                             "[32, 384].")
+    assert one_line(ValueError()) == "ValueError"
+    assert len(one_line(ValueError("x" * 5000))) == MAX_CHARS
