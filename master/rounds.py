@@ -33,6 +33,9 @@ class WorkerState:
     report: dict[str, Any] | None = None
     #: The largest weight an update may claim (the family's max_weight), once computed.
     max_weight: int | None = None
+    #: The registered process's own token (``process``): requests of another process under
+    #: this name are refused (two started with one id). None: not said, or not since a resume.
+    process: str | None = None
 
     def registration(self) -> dict[str, Any]:
         """What a checkpoint keeps of it."""

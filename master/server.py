@@ -273,6 +273,8 @@ class Master:
             if worker_id in self.excluded:
                 raise ProtocolError(f"{worker_id} was excluded from this job: "
                                     f"{self.excluded[worker_id]}", code=errors.EXCLUDED)
+            if msg.kind != M.REGISTER:
+                self._same_process(worker_id, msg.body.get("process"))
             handler = {M.REGISTER: self._on_register, M.FETCH: self._on_fetch,
                        M.UPDATE: self._on_update, M.REPORT: self._on_report,
                        M.PING: self._on_ping, M.SECAGG: self._on_secagg}[msg.kind]
@@ -293,6 +295,17 @@ class Master:
                 "; further ones of this kind are counted, not logged"
                 if level == logging.WARNING else "")
         send_error(self.rep, code, message)
+
+    def _same_process(self, worker_id: str, process: Any) -> None:
+        """Refuse a request from another process than the one registered under ``worker_id``
+        (``replaced``): of two processes started with one id, the one registered first leaves
+        with one line, rather than both training and one being refused round after round. A
+        restarted worker is the registered one: it registered again."""
+        ws = self.workers.get(worker_id)
+        if ws is not None and ws.process is not None and process is not None \
+                and process != ws.process:
+            raise ProtocolError(f"another process registered as {worker_id} after this one "
+                                f"(two workers started with one --id?)", code=errors.REPLACED)
 
     def _worker(self, msg: Message) -> Any:
         ws = self.workers.get(msg.body["worker_id"])
@@ -326,6 +339,11 @@ class Master:
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
+        process = b.get("process")
+        if rejoin and known is not None and known.process not in (None, process):
+            log.warning("%s registered again from another process (%s, was %s): requests of "
+                        "the earlier one are refused from now on", wid, process, known.process)
+        self.workers[wid].process = process
         if (rejoin and self.secure is not None and wid in self.secure.points
                 and self.secure.stage not in (SECURE_DONE, SECURE_FAILED)):
             if self.secure.attempt >= C.SECAGG_MAX_ATTEMPTS:

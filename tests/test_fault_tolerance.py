@@ -170,6 +170,30 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     assert _rounds(out) == list(range(1, 9))
 
 
+def test_two_workers_started_with_one_id(tmp_path: Path, make_config: MakeConfig,
+                                        procs: Procs) -> None:
+    """The same `--id` given twice: both used to train, one refused round after round (and its
+    refusals counted against the name). The one registered first now leaves with one line;
+    the other trains the job to its end."""
+    cfg = make_config(tmp_path, workers=1, rounds=8, min_workers=1, model=SLOW, data=DATA)
+    out = tmp_path / "out"
+    procs.master(cfg)
+    procs.start("first", "worker", "--config", str(cfg), "--id", "w1", "--threads", "1")
+    wait_for(lambda: len(_rounds(out)) >= 1, 120, "round 1", procs.check_alive_or_ok)
+    procs.procs["first"].send_signal(signal.SIGSTOP)  # held: a fast job could end first
+    procs.start("second", "worker", "--config", str(cfg), "--id", "w1", "--threads", "1")
+    wait_for(lambda: "registered again from another process" in procs.log("master"), 120,
+             "the second to register", procs.check_alive_or_ok)
+    procs.procs["first"].send_signal(signal.SIGCONT)
+    assert procs.procs["first"].wait(timeout=60) == 1, procs.logs_tail()
+    assert procs.log("first").strip().splitlines()[-1] == (
+        "Error: the master refused w1: replaced: another process registered as w1 after this "
+        "one (two workers started with one --id?)")
+    codes = procs.wait_all(timeout=300)
+    assert codes["master"] == 0 and codes["second"] == 0, procs.logs_tail()
+    assert _rounds(out) == list(range(1, 9))
+
+
 def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:
     """Random, truncated, oversized, wrongly typed and replayed frames; never a well-formed
     update under a real worker's name (without CURVE anyone could send that; see test_security).

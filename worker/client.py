@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import math
+import secrets
 import shutil
 import threading
 import time
@@ -65,8 +66,9 @@ class Heartbeat(threading.Thread):
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str,
-                 setup: SocketSetup | None) -> None:
+                 setup: SocketSetup | None, process: str | None = None) -> None:
         super().__init__(name=f"heartbeat-{worker_id}", daemon=True)
+        self.process = process
         self.client = LazyPirateClient(ctx, endpoint, timeout=C.HEARTBEAT_INTERVAL, retries=1,
                                        setup=setup)
         self.worker_id = worker_id
@@ -78,11 +80,13 @@ class Heartbeat(threading.Thread):
         try:
             while not self.stopped.wait(C.HEARTBEAT_INTERVAL):
                 try:
-                    self.client.request(M.PING, {"worker_id": self.worker_id})
+                    self.client.request(M.PING, {"worker_id": self.worker_id,
+                                                 **({"process": self.process}
+                                                    if self.process else {})})
                 except RemoteError as exc:
                     if exc.code == errors.UNKNOWN_WORKER:
                         self.lost.set()
-                    elif exc.code in (errors.EXCLUDED, errors.IDENTITY):
+                    elif exc.code in (errors.EXCLUDED, errors.IDENTITY, errors.REPLACED):
                         self.excluded = exc
                         return
                 except PeerUnreachable:
@@ -133,6 +137,9 @@ class Worker:
         self.snapshots = (Snapshots(state_dir or default_state_dir(cfg, worker_id), worker_id)
                           if cfg.worker_snapshots else None)
         self.run_id: str | None = None
+        # This process's own token, in every request: the master tells two processes started
+        # with one id apart (the earlier one is refused, `replaced`).
+        self.process = secrets.token_hex(6)
         self._new_job()
         self.incarnation: str | None = None
         self.sub: zmq.Socket | None = None
@@ -167,7 +174,8 @@ class Worker:
         assert self.req is not None
         for attempt in range(BUSY_RETRIES):
             try:
-                return self.req.request(kind, {"worker_id": self.worker_id, **body}, arrays)
+                return self.req.request(kind, {"worker_id": self.worker_id,
+                                               "process": self.process, **body}, arrays)
             except RemoteError as exc:
                 # Refused for sending too often (fair service): wait, then try again.
                 if exc.code != errors.BUSY or attempt == BUSY_RETRIES - 1:
@@ -189,7 +197,8 @@ class Worker:
         # REQUEST_RETRIES attempts, 50 s, whatever join_timeout said).
         self.req = LazyPirateClient(self.ctx, m.rep_endpoint, setup=setup,
                                     retries=request_attempts(self.cfg.join_timeout))
-        self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup)
+        self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup,
+                                   self.process)
         try:
             first = self._wait_announce(self.cfg.join_timeout)
             self._register(first)

@@ -23,11 +23,12 @@ TOO_LARGE = "too_large"            # a message, header or list over its limit
 BUSY = "busy"                      # the sender exceeded its request rate (fair service)
 EXCLUDED = "excluded"              # the worker was excluded from this job (the reason follows)
 OUTLIER = "outlier"                # an update far outside the round's (not aggregated)
+REPLACED = "replaced"              # another process registered under this worker's name since
 
 #: Every code an ``error`` reply may carry.
 ERROR_CODES = (MALFORMED, VERSION, UNKNOWN_KIND, BAD_FIELD, DTYPE, SHAPE, NOT_FINITE,
                UNKNOWN_WORKER, STALE_ROUND, NOT_SELECTED, NOT_READY, REJECTED, IDENTITY,
-               TOO_LARGE, BUSY, EXCLUDED, OUTLIER)
+               TOO_LARGE, BUSY, EXCLUDED, OUTLIER, REPLACED)
 
 
 class ProtocolError(ValueError):

@@ -157,6 +157,11 @@ def check_request(kind: str, body: dict[str, Any]) -> None:
     if not 0 < len(worker_id) <= 128 or not worker_id.isprintable():
         raise ProtocolError(f"{kind}: worker_id must be 1-128 printable characters",
                             code=errors.BAD_FIELD)
+    process = body.get("process")
+    if process is not None and not (isinstance(process, str) and 0 < len(process) <= 64
+                                    and process.isprintable()):
+        raise ProtocolError(f"{kind}: process must be 1-64 printable characters",
+                            code=errors.BAD_FIELD)
     if kind in (REGISTER, UPDATE) and not 0 <= body["n_samples"] <= C.MAX_SAMPLES:
         raise ProtocolError(f"{kind}: n_samples must be 0-{C.MAX_SAMPLES}", code=errors.BAD_FIELD)
     if kind == REGISTER and not (0 < len(body["device"]) <= 64 and body["device"].isprintable()):
