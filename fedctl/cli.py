@@ -230,7 +230,7 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
     if threads:
         limit_threads(threads)
     from common.net.transport import PeerUnreachable, RemoteError
-    from worker.client import Worker
+    from worker.client import JobFailed, Worker
     from worker.devices import GPUMemoryError
 
     if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
@@ -245,7 +245,7 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
         fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable,
-            GPUMemoryError) as exc:
+            GPUMemoryError, JobFailed) as exc:
         fail(exc)  # SecurityError is a ValueError
     except Exception as exc:  # anything else ends the worker in one line too
         logging.getLogger("fedctl.worker").debug("worker failed", exc_info=True)

@@ -238,7 +238,11 @@ class Master:
                                     "version": self.version, "rounds": self.cfg.rounds,
                                     "open": self.open is not None,
                                     # A secure round begun again: its workers redo it.
-                                    "attempt": self.secure.attempt if self.secure else 0},
+                                    "attempt": self.secure.attempt if self.secure else 0,
+                                    # why a job ended without a model: its workers exit 1
+                                    **({"failed": str(self.summary["failed"])[:500]}
+                                       if self.phase == DONE and self.summary.get("failed")
+                                       else {})},
              topic=M.TOPIC_ANNOUNCE)
 
     # ------------------------------------------------------------------ requests

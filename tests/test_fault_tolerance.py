@@ -194,6 +194,27 @@ def test_two_workers_started_with_one_id(tmp_path: Path, make_config: MakeConfig
     assert _rounds(out) == list(range(1, 9))
 
 
+def test_a_worker_of_a_failed_job_exits_with_its_reason(tmp_path: Path,
+                                                        make_config: MakeConfig,
+                                                        procs: Procs) -> None:
+    """A job the master ends without a model (here: w2 gone for good, fewer than min_workers
+    left) fails for its workers too: w1 exits 1 saying why (it exited 0, as a success)."""
+    cfg = make_config(tmp_path, workers=2, rounds=50, min_workers=2, model=SLOW, data=DATA,
+                      heartbeat_timeout=2, join_timeout=4)
+    out = tmp_path / "out"
+    procs.master(cfg)
+    procs.worker(cfg, "w1")
+    procs.worker(cfg, "w2")
+    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
+    procs.procs["w2"].send_signal(signal.SIGKILL)
+    procs.procs.pop("w2").wait(timeout=10)
+    codes = procs.wait_all(timeout=120)
+    assert codes == {"master": 1, "w1": 1}, procs.logs_tail()
+    last = procs.log("w1").strip().splitlines()[-1]
+    assert last.startswith("Error: the job failed at the master: "), last
+    assert "w1" in last  # the master's own line: whom it heard from
+
+
 def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:
     """Random, truncated, oversized, wrongly typed and replayed frames; never a well-formed
     update under a real worker's name (without CURVE anyone could send that; see test_security).

@@ -99,6 +99,10 @@ class Heartbeat(threading.Thread):
         self.join(timeout=2 * C.HEARTBEAT_INTERVAL)
 
 
+class JobFailed(RuntimeError):
+    """The master ended the job without a model (its reason follows): this worker exits 1."""
+
+
 def request_attempts(join_timeout: float) -> int:
     """Attempts of a worker's request (each waits REQUEST_TIMEOUT or more for its reply):
     enough to wait ``join_timeout`` for a master that went away."""
@@ -344,6 +348,9 @@ class Worker:
                 if phase == M.REPORTING:
                     return self._finish()
                 if phase == M.DONE:  # the master stopped waiting for reports: nothing to send
+                    why = msg.body.get("failed")
+                    if isinstance(why, str) and why:  # a supervisor must not read success
+                        raise JobFailed(f"the job failed at the master: {why}")
                     log.warning("%s: the job ended before this worker reported", self.worker_id)
                     return {}
                 again = (rnd == self.last_round
