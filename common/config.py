@@ -27,8 +27,11 @@ from common.data.reading import TASKS
 from common.privacy.dp import ClientDPParams, DPSGDParams, PrivacyParams
 from common.secagg.params import SecAggParams
 
-#: What a worker may be called: its name is a file name as well (log, snapshots, keys).
-WORKER_NAME = re.compile(r"[^\W_][\w.-]{0,63}")
+#: What a worker may be called: its name is a file name as well (log, snapshots, keys), so no
+#: separator and no leading dot ("..": the run's own folder); anything else goes.
+WORKER_NAME = re.compile(r"(?!\.)[^/\\\x00-\x1f\x7f]{1,64}")
+WORKER_NAME_RULE = ("1-64 characters, without '/', '\\' or control characters, not starting "
+                    "with '.'")
 
 
 class ConfigError(ValueError):
@@ -259,8 +262,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         # A name is a file name too (the worker's log, snapshots and keys): no separators, no
         # leading dot (".." would name the run's own folder).
         _expect(isinstance(name, str) and WORKER_NAME.fullmatch(name) is not None,
-                f"{where}.name", "a name of letters, digits, '_', '.' or '-' (up to 64, "
-                "starting with a letter or digit)", name)
+                f"{where}.name", f"a name of {WORKER_NAME_RULE}", name)
         for key in ("host", "device"):
             if key in w:
                 _expect(isinstance(w[key], str) and w[key], f"{where}.{key}", "a string", w[key])
@@ -414,7 +416,9 @@ def job_terms(cfg: ClusterConfig) -> dict[str, Any]:
     and compression. Not what differs by node: paths, devices, ports, output folders, rounds
     (``--rounds`` given to the master alone). A worker sends it when it registers
     (master/agreement.py)."""
-    privacy = {k: v for k, v in asdict(cfg.privacy).items() if v is not None}
+    # target_epsilon is the master's stopping rule alone (a resume may raise it).
+    privacy = {k: v for k, v in asdict(cfg.privacy).items()
+               if v is not None and k != "target_epsilon"}
     return {"model": dict(cfg.model), "strategy": dict(cfg.strategy), "seed": cfg.seed,
             "data": {"task": cfg.data.task, "positive": cfg.data.positive},
             "privacy": privacy, "compression": dict(cfg.compression)}
@@ -466,6 +470,8 @@ def apply_overrides(raw: Any, overrides: Sequence[str], source: str) -> Any:
                 child = node[part] = {}
             elif part == "strategy" and isinstance(child, str):
                 child = node[part] = {"name": child}  # `strategy: fedavg` takes parameters
+            elif part == "model" and i == 0 and isinstance(child, str):
+                child = node[part] = {"family": child}  # as `model: nmf` does
             if not isinstance(child, dict):
                 where = ".".join(parts[:i + 1])
                 raise ConfigError(f"{source}: --set {key}: {where} is {child!r}, not a section")

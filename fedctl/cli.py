@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from common.config import WORKER_NAME, ClusterConfig, ConfigError, load_config
+from common.config import WORKER_NAME, WORKER_NAME_RULE, ClusterConfig, ConfigError, load_config
 from fedctl.errors import fail, one_line
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -127,32 +127,33 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     from master.server import Master
 
     try:
-        cfg = _load(config, workers, rounds, output, overrides)
-        from fedctl.run import HISTORY_LINK, output_folder, point_history_link, resume_folder
-
-        # An output folder named `latest` keeps a history, as with `fedctl run`: a new run gets
-        # a folder of its own beside it, --resume finds the newest unfinished one.
-        link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
-        if link is not None:
-            cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
-        elif not resume and (Path(cfg.output_dir) / "summary.json").is_file():
-            # A new job there would append to its log and write over its results.
-            raise ConfigError(f"{config}: output_dir: {cfg.output_dir} holds a finished run; "
-                              f"choose another --output, or an output_dir named latest "
-                              f"(a new folder each run)")
-        server = Master(cfg, resume=resume)
-        server.bind()
+        # From the start: a SIGTERM while the master binds or restores ends it in order too.
         with stopped_by_signals():
+            cfg = _load(config, workers, rounds, output, overrides)
+            from fedctl.run import HISTORY_LINK, output_folder, point_history_link, resume_folder
+
+            # An output folder named `latest` keeps a history, as with `fedctl run`: a new run gets
+            # a folder of its own beside it, --resume finds the newest unfinished one.
+            link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
+            if link is not None:
+                cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
+            elif not resume and (Path(cfg.output_dir) / "summary.json").is_file():
+                # A new job there would append to its log and write over its results.
+                raise ConfigError(f"{config}: output_dir: {cfg.output_dir} holds a finished run; "
+                                  f"choose another --output, or an output_dir named latest "
+                                  f"(a new folder each run)")
+            server = Master(cfg, resume=resume)
+            server.bind()
             summary = server.serve()
-        if summary.get("failed"):
-            raise RuntimeError(summary["failed"])
-        _draw_curves(Path(cfg.output_dir))
-        if link is not None:
-            point_history_link(link, Path(cfg.output_dir))
-        unit, count = next(iter(summary.get("trained", {"rounds": 1}).items()))
-        if count == 0:  # the run "completed" but changed nothing: not a success
-            raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "
-                               f"round(s)")
+            if summary.get("failed"):
+                raise RuntimeError(summary["failed"])
+            _draw_curves(Path(cfg.output_dir))
+            if link is not None:
+                point_history_link(link, Path(cfg.output_dir))
+            unit, count = next(iter(summary.get("trained", {"rounds": 1}).items()))
+            if count == 0:  # the run "completed" but changed nothing: not a success
+                raise RuntimeError(f"nothing was trained: 0 {unit} in {summary['rounds']} "
+                                   f"round(s)")
     except (ConfigError, SecurityError, OSError, TimeoutError, RuntimeError) as exc:
         fail(exc)
     except (KeyboardInterrupt, Stopped) as exc:
@@ -218,6 +219,8 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
            log_level: str) -> None:
     """Run a worker: join the master, train on local data each round, report."""
     _setup_logging(log_level)
+    if WORKER_NAME.fullmatch(worker_id) is None:  # a file name too: its snapshots' folder
+        fail(ConfigError(f"--id: expected {WORKER_NAME_RULE}, got {worker_id!r}"))
     if threads is None:
         here = _workers_on_this_host()
         if here > 1:  # each taking every core, three workers made a 0.3 s round take 4 s
@@ -230,7 +233,7 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
     if threads:
         limit_threads(threads)
     from common.net.transport import PeerUnreachable, RemoteError
-    from worker.client import JobFailed, Worker
+    from worker.client import JOB_FAILED_EXIT, JobFailed, Worker
     from worker.devices import GPUMemoryError
 
     if threads:  # again: the families' imports load pools of their own (scipy, scikit-learn)
@@ -238,14 +241,14 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
 
     try:
         cfg = _load(config, workers, rounds, overrides=overrides)
-        if WORKER_NAME.fullmatch(worker_id) is None:  # a file name too: its snapshots' folder
-            raise ConfigError(f"--id: expected letters, digits, '_', '.' or '-' (up to 64, "
-                              f"starting with a letter or digit), got {worker_id!r}")
         Worker(cfg, worker_id, data_path=data, device=device).run()
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
         fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
+    except JobFailed as exc:
+        click.echo(f"Error: {one_line(exc)}", err=True)
+        sys.exit(JOB_FAILED_EXIT)
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable,
-            GPUMemoryError, JobFailed) as exc:
+            GPUMemoryError) as exc:
         fail(exc)  # SecurityError is a ValueError
     except Exception as exc:  # anything else ends the worker in one line too
         logging.getLogger("fedctl.worker").debug("worker failed", exc_info=True)

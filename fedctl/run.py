@@ -19,6 +19,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -44,14 +45,23 @@ POLL_S = 0.1  # how often the metrics log and the processes are looked at
 HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs beside it
 
 
-#: Files that make a folder a fedctl run's (finished or not): only such a folder, or an empty
-#: one, is ever replaced. Anything else a user points ``--output`` at is theirs.
-RUN_MARKERS = ("model.json", "summary.json", "metrics.jsonl", "checkpoint.npz", "FAILED")
+#: What a run writes into its folder (the master, `fedctl run`, the trackers, the workers'
+#: snapshots). Only a folder holding nothing else, or an empty one, is ever replaced: a
+#: folder with anything more (a project that happens to hold a checkpoint.npz) is the user's.
+RUN_FILES = frozenset({
+    "cluster.yaml", "logs", "metrics.jsonl", "model.npz", "model.json", "summary.json",
+    "comparison.md", "comparison.json", "checkpoint.npz", "curves.png", "FAILED", "master.prof",
+    "workers", "tensorboard", "mlruns"})
+#: An atomic write's temp file left by a killed run (common/atomic.py names them so).
+_TEMP = re.compile(r"^\..+\.tmp$")
 
 
 def is_run_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder that a fedctl run wrote (or began to write)."""
-    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
+    """Whether ``path`` is a folder holding only what a fedctl run writes (finished or not)."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    names = [p.name for p in path.iterdir()]
+    return bool(names) and all(n in RUN_FILES or _TEMP.match(n) for n in names)
 
 
 def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
@@ -150,7 +160,10 @@ def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
         except BlockingIOError:
             raise ConfigError(f"{cfg.source}: output_dir: another fedctl run is writing into "
                               f"{staging}; wait for it, or choose another --output") from None
-        if any(staging.iterdir()) and not (staging / "cluster.yaml").exists():
+        except OSError as exc:  # a file system without locks (some network mounts)
+            log.warning("%s: cannot be locked (%s): a second run into it would not be "
+                        "refused", staging, exc.strerror)
+        if any(staging.iterdir()) and not is_run_folder(staging):
             raise in_the_way
         for leftover in staging.iterdir():  # an earlier attempt's, never a run
             if leftover.is_dir() and not leftover.is_symlink():
@@ -260,12 +273,14 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
         log.warning("stopped by %s: stopping the master and workers", exc)
         code = 128 + exc.signum
     finally:
-        for s in STOP_SIGNALS:  # a second one must not cut the stop short: it is bounded
+        # A second signal (Ctrl-C again too) must not cut the stop short: it is bounded.
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT,)}
+        for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         try:
             cluster.stop()  # first: whatever fails after, nothing is left running
         finally:
-            for s, handler in before.items():
+            for s, handler in {**before, **held}.items():
                 signal.signal(s, handler)
             if bar is not None:
                 # The terminal may be gone (SIGHUP), or the pipe's reader (a killed parent).

@@ -49,8 +49,11 @@ def job_differences(cfg: ClusterConfig, family: Any, theirs: Any, there: str = "
     """Each term on which ``theirs`` (a worker's :func:`~common.config.job_terms`) differs from
     this master's, as ``"model.hidden: 32 there, 16 here"``; empty when they agree.
 
-    A term one side leaves unset where the other sets it (a strategy's option written on one
-    node only) is a difference too, except in the model section, whose defaults are filled in.
+    Compared: every term this master has (the model's with the family's defaults filled in; a
+    privacy mechanism the worker leaves out is a difference). Not compared: a term only the
+    worker has (a later version's), a strategy option written on one side only (a server
+    learning rate is the master's alone), and the family's name, which the worker has
+    compared already, resolved (a plug-in may be named two ways).
     """
     if not isinstance(theirs, Mapping):
         return [f"job: expected a mapping, got {type(theirs).__name__}"]
@@ -64,7 +67,10 @@ def job_differences(cfg: ClusterConfig, family: Any, theirs: Any, there: str = "
         a, b = {"model": their_model}, {"model": mine_model}
     a |= _flat({k: v for k, v in theirs.items() if k != "model"})
     b |= _flat(ours)
-    for key in sorted(set(a) | set(b)):
+    for key in sorted(b):
+        one_sided = key.startswith("strategy.") and key != "strategy.name" and key not in a
+        if key == "model.family" or one_sided:
+            continue
         if a.get(key) != b.get(key):
             found.append(f"{key}: {_show(a.get(key))} {there}, {_show(b.get(key))} {here}")
     return found

@@ -257,7 +257,7 @@ def test_config_to_dict_roundtrip_keeps_positive_null(tmp_path):
         ("workers: ['..']\n", "workers[0].name"),
         ("workers: [w1, ../../evil]\n", "workers[1].name"),
         ("workers: [.hidden]\n", "workers[0].name"),
-        ("workers: ['a b']\n", "workers[0].name"),
+        ("workers: ['a\\\\b']\n", "workers[0].name"),
         ("privacy: {target_epsilon: 1}\n", "privacy.target_epsilon"),
         ("strategy: 5\n", "strategy"),
         ("strategy: {lr: 1}\n", "strategy"),
@@ -392,3 +392,8 @@ def test_model_may_be_just_its_family(tmp_path):
     """`model: nmf`, as `strategy: fedyogi`: the family with its defaults."""
     cfg = load_config(write(tmp_path, "model: nmf\n"))
     assert cfg.model == {"family": "nmf"}
+
+
+def test_model_shorthand_takes_overrides(tmp_path):
+    cfg = load_config(write(tmp_path, "model: nmf\n"), ("model.n_topics=7",))
+    assert cfg.model == {"family": "nmf", "n_topics": 7}

@@ -100,7 +100,13 @@ class Heartbeat(threading.Thread):
 
 
 class JobFailed(RuntimeError):
-    """The master ended the job without a model (its reason follows): this worker exits 1."""
+    """The master ended the job without a model (its reason follows): this worker exits with
+    :data:`JOB_FAILED_EXIT`, which a supervisor does not restart it for (it would only wait
+    for a job that is over)."""
+
+
+#: The exit status of a worker whose job failed at the master (systemd: RestartPreventExitStatus).
+JOB_FAILED_EXIT = 3
 
 
 def request_attempts(join_timeout: float) -> int:
