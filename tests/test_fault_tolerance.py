@@ -116,6 +116,17 @@ def test_worker_paused_past_the_deadline(tmp_path: Path, make_config: MakeConfig
     assert any(r > closed for r in w2_rounds), "w2 never came back"
 
 
+def _two_rounds_then_hold(procs: Procs, cfg: Path, out: Path) -> None:
+    """The master and w1, w2 started; once two rounds are done the workers are held
+    (SIGSTOP) while the test does something to the master: a fast job could end first."""
+    procs.master(cfg)
+    procs.worker(cfg, "w1")
+    procs.worker(cfg, "w2")
+    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
+    for w in ("w1", "w2"):
+        procs.procs[w].send_signal(signal.SIGSTOP)
+
+
 def test_master_started_again_without_resume_is_a_new_job(tmp_path: Path,
                                                           make_config: MakeConfig,
                                                           procs: Procs) -> None:
@@ -124,12 +135,7 @@ def test_master_started_again_without_resume_is_a_new_job(tmp_path: Path,
     the old job's last, while the new master waited for them."""
     cfg = make_config(tmp_path, workers=2, rounds=6, min_workers=2, model=SLOW, data=DATA)
     out = tmp_path / "out"
-    procs.master(cfg)
-    procs.worker(cfg, "w1")
-    procs.worker(cfg, "w2")
-    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
-    for w in ("w1", "w2"):  # held while the master is replaced: a fast job could end first
-        procs.procs[w].send_signal(signal.SIGSTOP)
+    _two_rounds_then_hold(procs, cfg, out)
     procs.procs["master"].send_signal(signal.SIGKILL)
     procs.procs.pop("master").wait(timeout=10)
     assert not (out / "summary.json").exists(), "the job ended before the master was killed"
@@ -151,12 +157,7 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     job with every round once."""
     cfg = make_config(tmp_path, workers=2, rounds=8, min_workers=2, model=SLOW, data=DATA)
     out = tmp_path / "out"
-    procs.master(cfg)
-    procs.worker(cfg, "w1")
-    procs.worker(cfg, "w2")
-    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
-    for w in ("w1", "w2"):  # held while the master is away: a fast job could end first
-        procs.procs[w].send_signal(signal.SIGSTOP)
+    _two_rounds_then_hold(procs, cfg, out)
     procs.procs["master"].send_signal(signal.SIGTERM)
     assert procs.procs.pop("master").wait(timeout=30) == 128 + signal.SIGTERM
     assert procs.log("master").strip().splitlines()[-1] == (

@@ -438,6 +438,22 @@ def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
     assert threads == max(1, (os.cpu_count() or 1) // here), found[0]
 
 
+def _worker_meets_master(tmp_path: Path, master_cfg: Path, worker_cfg: Path
+                         ) -> tuple[str, str]:
+    """``fedctl master`` of one config and ``fedctl worker`` w1 of another: the worker's
+    one-line error and the master's log."""
+    log = tmp_path / "master.log"
+    with open(log, "w") as fh:
+        master = subprocess.Popen(fedctl_command("master", "--config", str(master_cfg)),
+                                  cwd=ROOT, env=child_env(), stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        proc = _fedctl("worker", "--config", str(worker_cfg), "--id", "w1", "--threads", "1",
+                       "--log-level", "warning", timeout=120)
+        return _one_line_error(proc), log.read_text()
+    finally:
+        kill_tree(master)
+
+
 def test_a_worker_of_another_job_leaves_before_it_registers(make_config: MakeConfig,
                                                             tmp_path: Path) -> None:
     """Two jobs on one pair of ports: a topic model's worker meets a classifier's master. It
@@ -447,20 +463,12 @@ def test_a_worker_of_another_job_leaves_before_it_registers(make_config: MakeCon
     ports = yaml.safe_load(classifier.read_text())["master"]
     topics = make_config(tmp_path, workers=2, name="topics.yaml", master=ports,
                          model={"family": "nmf", "n_topics": 4})
-    log = tmp_path / "master.log"
-    with open(log, "w") as fh:
-        master = subprocess.Popen(fedctl_command("master", "--config", str(classifier)),
-                                  cwd=ROOT, env=child_env(), stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        proc = _fedctl("worker", "--config", str(topics), "--id", "w1", "--threads", "1",
-                       "--log-level", "warning", timeout=120)
-        assert _one_line_error(proc) == (
-            f"Error: the master at tcp://127.0.0.1:{ports['pub_port']} runs a mlp job, and "
-            f"{topics} says model.family nmf: is another job's master on these ports? "
-            f"(nothing was sent)")
-    finally:
-        kill_tree(master)
-    assert "registered w1" not in log.read_text() and "refused" not in log.read_text()
+    line, master_log = _worker_meets_master(tmp_path, classifier, topics)
+    assert line == (
+        f"Error: the master at tcp://127.0.0.1:{ports['pub_port']} runs a mlp job, and "
+        f"{topics} says model.family nmf: is another job's master on these ports? "
+        f"(nothing was sent)")
+    assert "registered w1" not in master_log and "refused" not in master_log
 
 
 def test_a_worker_whose_config_differs_is_refused_naming_each_difference(
@@ -475,20 +483,12 @@ def test_a_worker_whose_config_differs_is_refused_naming_each_difference(
     drifted = make_config(tmp_path, workers=2, name="drifted.yaml", master=ports,
                           model={"family": "mlp", "hidden": 32},
                           data={"positive": "Athlete"})
-    log = tmp_path / "master.log"
-    with open(log, "w") as fh:
-        master = subprocess.Popen(fedctl_command("master", "--config", str(master_cfg)),
-                                  cwd=ROOT, env=child_env(), stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        proc = _fedctl("worker", "--config", str(drifted), "--id", "w1", "--threads", "1",
-                       "--log-level", "warning", timeout=120)
-        assert _one_line_error(proc) == (
-            "Error: the master refused w1: rejected: w1's configuration differs from the "
-            "master's: data.positive: 'Athlete' there, 'MeanOfTransportation' here; "
-            "model.hidden: 32 there, 16 here")
-    finally:
-        kill_tree(master)
-    assert "registered w1" not in log.read_text()
+    line, master_log = _worker_meets_master(tmp_path, master_cfg, drifted)
+    assert line == (
+        "Error: the master refused w1: rejected: w1's configuration differs from the "
+        "master's: data.positive: 'Athlete' there, 'MeanOfTransportation' here; "
+        "model.hidden: 32 there, 16 here")
+    assert "registered w1" not in master_log
 
     from common.config import job_terms, load_config
     from master.agreement import job_differences
