@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import yaml
 from tqdm import tqdm
@@ -240,11 +241,19 @@ def _stop_on(signum: int, frame: object) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+def _catch_stop_signals() -> dict[int, Any]:
+    """Make each of :data:`STOP_SIGNALS` raise :class:`Stopped`, except one this process was
+    started ignoring (``nohup`` ignores SIGHUP so that closing the terminal stops nothing);
+    returns the handlers it replaced."""
+    return {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS
+            if signal.getsignal(s) is not signal.SIG_IGN}
+
+
 @contextlib.contextmanager
 def stopped_by_signals() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP raise :class:`Stopped` where this (main) thread is, so that
     ``finally`` blocks run as for Ctrl-C (a master closes its checkpoint writer, its log)."""
-    before = {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS}
+    before = _catch_stop_signals()
     try:
         yield
     finally:
@@ -255,7 +264,7 @@ def stopped_by_signals() -> Iterator[None]:
 def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     cluster = LocalCluster(cfg, log_level=log_level, progress=progress)
     metrics_path = cluster.out / "metrics.jsonl"
-    before = {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS}
+    before = _catch_stop_signals()
     bar = None
     code = 0
     try:
@@ -274,13 +283,11 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
         code = 128 + exc.signum
     finally:
         # A second signal (Ctrl-C again too) must not cut the stop short: it is bounded.
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT,)}
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *before)}
         try:
             cluster.stop()  # first: whatever fails after, nothing is left running
         finally:
-            for s, handler in {**before, **held}.items():
+            for s, handler in {**held, **before}.items():  # the originals
                 signal.signal(s, handler)
             if bar is not None:
                 # The terminal may be gone (SIGHUP), or the pipe's reader (a killed parent).

@@ -367,6 +367,40 @@ def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tm
         f"exit code {128 + sig}: see logs/ (interrupted)")
 
 
+def _as_nohup() -> None:
+    """In the child, before exec: what `nohup` does (SIGHUP ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_a_run_under_nohup_outlives_its_terminal(make_config: MakeConfig,
+                                                 tmp_path: Path) -> None:
+    """`nohup fedctl run &`: the SIGHUP of a closed terminal stops nothing (a handler of its
+    own must not override the ignore nohup asked for); SIGTERM still stops it all."""
+    config = make_config(tmp_path, workers=2, rounds=5000, model={"family": "mlp", "hidden": 8})
+    run = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress"),
+                           cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, preexec_fn=_as_nohup)
+    try:
+        master_log = tmp_path / "out.partial" / "logs" / "master.log"
+        wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
+                 "a round")
+        # The master, the workers and their fork server (its cmdline names what it preloads);
+        # a fork server of a library's own may come and go meanwhile.
+        started = [p for p in descendants(run.pid)
+                   if b"'torch'" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(started) >= 3
+        run.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        assert run.poll() is None and all(_alive(pid) for pid in started)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM
+        wait_for(lambda: not any(_alive(pid) for pid in started), 10,
+                 "the run's processes to end")
+    finally:
+        kill_tree(run)
+
+
 @pytest.mark.slow
 def test_latest_keeps_a_history(make_config: MakeConfig, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
