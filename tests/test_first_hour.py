@@ -174,6 +174,24 @@ def _quiet(proc: subprocess.CompletedProcess) -> None:
         assert bar not in proc.stderr and bar not in proc.stdout, bar
 
 
+def _run_in_background(config: Path, tmp_path: Path, *args: str,
+                       **popen: Any) -> subprocess.Popen:
+    """``fedctl run --config CONFIG ARGS`` started (output to DEVNULL unless ``popen`` says
+    otherwise), returned once its first round is done; killed if it never gets there."""
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen}
+    run = subprocess.Popen(fedctl_command("run", "--config", str(config), *args), cwd=ROOT,
+                           env=child_env(), **popen)
+    # The master's log, not metrics.jsonl: round events wait there for a checkpoint.
+    master_log = tmp_path / "out.partial" / "logs" / "master.log"
+    try:
+        wait_for(lambda: master_log.exists() and "round 1/" in master_log.read_text(), 120,
+                 "a round")
+    except BaseException:
+        kill_tree(run)
+        raise
+    return run
+
+
 @pytest.mark.slow
 def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
     """Also --no-progress silences every bar: the first run embeds its 60 texts into a fresh
@@ -200,15 +218,9 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
         checked.stdout), checked.stdout
 
     # A run stopped half-way leaves its logs in out.failed and the finished run as it was.
-    stopped = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress",
-                                              "--overwrite", "--rounds", "5000"),
-                               cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, preexec_fn=_interruptible)
+    stopped = _run_in_background(config, tmp_path, "--no-progress", "--overwrite", "--rounds",
+                                 "5000", preexec_fn=_interruptible)
     try:
-        # The master's log, not metrics.jsonl: round events wait there for a checkpoint.
-        master_log = tmp_path / "out.partial" / "logs" / "master.log"
-        wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
-                 "a round")
         stopped.send_signal(signal.SIGINT)
         assert stopped.wait(timeout=60) == 130
     finally:
@@ -345,12 +357,8 @@ def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tm
     # With its progress bar writing to a pipe: the terminal closed, or the parent killed first,
     # the last writes fail; the stop must not be cut short by them (it was: the launcher
     # then waited for ever on its still-running children).
-    run = subprocess.Popen(fedctl_command("run", "--config", str(config)), cwd=ROOT,
-                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run = _run_in_background(config, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        master_log = tmp_path / "out.partial" / "logs" / "master.log"
-        wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
-                 "a round")
         started = descendants(run.pid)
         assert len(started) >= 3  # the master and two workers (and a fork server)
         assert run.stdout is not None and run.stderr is not None
@@ -378,13 +386,8 @@ def test_a_run_under_nohup_outlives_its_terminal(make_config: MakeConfig,
     """`nohup fedctl run &`: the SIGHUP of a closed terminal stops nothing (a handler of its
     own must not override the ignore nohup asked for); SIGTERM still stops it all."""
     config = make_config(tmp_path, workers=2, rounds=5000, model={"family": "mlp", "hidden": 8})
-    run = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress"),
-                           cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, preexec_fn=_as_nohup)
+    run = _run_in_background(config, tmp_path, "--no-progress", preexec_fn=_as_nohup)
     try:
-        master_log = tmp_path / "out.partial" / "logs" / "master.log"
-        wait_for(lambda: master_log.exists() and "round 1/5000" in master_log.read_text(), 120,
-                 "a round")
         # The master, the workers and their fork server (its cmdline names what it preloads);
         # a fork server of a library's own may come and go meanwhile.
         started = [p for p in descendants(run.pid)
