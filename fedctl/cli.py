@@ -161,10 +161,10 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
         out = Path(cfg.output_dir) if "cfg" in locals() else None
         kept = out is not None and (out / "checkpoint.npz").is_file()
         name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        click.echo(f"Error: stopped by {name}"
-                   + (f"; the checkpoint in {out} is kept: continue with `fedctl master "
-                      f"--resume`" if kept else ""), err=True)
-        sys.exit(128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum))
+        fail(RuntimeError(f"stopped by {name}"
+                          + (f"; the checkpoint in {out} is kept: continue with `fedctl master "
+                             f"--resume`" if kept else "")),
+             128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum))
     finally:
         if "server" in locals():
             server.close()
@@ -245,8 +245,7 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
         fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
     except JobFailed as exc:
-        click.echo(f"Error: {one_line(exc)}", err=True)
-        sys.exit(JOB_FAILED_EXIT)
+        fail(exc, JOB_FAILED_EXIT)
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable,
             GPUMemoryError) as exc:
         fail(exc)  # SecurityError is a ValueError
@@ -298,8 +297,7 @@ def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: in
     except (ConfigError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt:  # before any process started (else the run handles it): 130
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        fail(RuntimeError("interrupted"), 130)
     if code:
         sys.exit(code)
     _end()

@@ -20,6 +20,8 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 1] + "…"
 
 
-def fail(exc: BaseException) -> NoReturn:
-    """End the command with ``exc``'s message as one line."""
-    raise click.ClickException(one_line(exc))
+def fail(exc: BaseException, status: int = 1) -> NoReturn:
+    """End the command with ``exc``'s message as one line, and exit ``status``."""
+    error = click.ClickException(one_line(exc))
+    error.exit_code = status
+    raise error

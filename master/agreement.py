@@ -81,8 +81,12 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def refusal(worker_id: str, differences: list[str]) -> str:
-    """One line naming the first :data:`SHOWN` differences."""
+def listed(differences: list[str]) -> str:
+    """The first :data:`SHOWN` differences on one line, the rest counted."""
     more = len(differences) - SHOWN
-    return (f"{worker_id}'s configuration differs from the master's: "
-            f"{'; '.join(differences[:SHOWN])}{f' (and {more} more)' if more > 0 else ''}")
+    return f"{'; '.join(differences[:SHOWN])}{f' (and {more} more)' if more > 0 else ''}"
+
+
+def refusal(worker_id: str, differences: list[str]) -> str:
+    """What a worker whose terms differ is told."""
+    return f"{worker_id}'s configuration differs from the master's: {listed(differences)}"

@@ -39,7 +39,7 @@ from common.secagg.protocol import round_context
 from common.secagg.ring import ring_bits
 from common.tracking import make_sinks
 from master import screening
-from master.agreement import job_differences, refusal
+from master.agreement import job_differences, listed, refusal
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
 from master.families.base import check_arrays
@@ -239,7 +239,7 @@ class Master:
                                     "open": self.open is not None,
                                     # A secure round begun again: its workers redo it.
                                     "attempt": self.secure.attempt if self.secure else 0,
-                                    # why a job ended without a model: its workers exit 1
+                                    # why a job ended without a model: its workers exit 3
                                     **({"failed": str(self.summary["failed"])[:500]}
                                        if self.phase == DONE and self.summary.get("failed")
                                        else {})},
@@ -942,7 +942,7 @@ class Master:
                                           there="in the checkpoint", here="in the config")
             if differences:  # the run would go on under one model and be saved as another
                 raise RuntimeError(f"--resume: the checkpoint's job is not {self.cfg.source}'s: "
-                                   f"{'; '.join(differences[:3])}")
+                                   f"{listed(differences)}")
         self.run_id = m["run_id"]
         self.version = int(m["version"])
         self.roster.restore(m["registrations"], m["rng_state"])

@@ -66,7 +66,7 @@ class Heartbeat(threading.Thread):
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str,
-                 setup: SocketSetup | None, process: str | None = None) -> None:
+                 setup: SocketSetup | None, process: str) -> None:
         super().__init__(name=f"heartbeat-{worker_id}", daemon=True)
         self.process = process
         self.client = LazyPirateClient(ctx, endpoint, timeout=C.HEARTBEAT_INTERVAL, retries=1,
@@ -81,8 +81,7 @@ class Heartbeat(threading.Thread):
             while not self.stopped.wait(C.HEARTBEAT_INTERVAL):
                 try:
                     self.client.request(M.PING, {"worker_id": self.worker_id,
-                                                 **({"process": self.process}
-                                                    if self.process else {})})
+                                                 "process": self.process})
                 except RemoteError as exc:
                     if exc.code == errors.UNKNOWN_WORKER:
                         self.lost.set()
