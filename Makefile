@@ -21,7 +21,8 @@ demo: setup               ## set up, then run the default cluster (cluster.yaml)
 
 # Two tests at a time (pytest-xdist): a cluster test spends much of its time waiting on its
 # processes' start and its rounds' timers, so two share two cores well (the whole suite on this
-# 2-core machine: 1,339 s one at a time, 959 s two at a time). Each test module stays in one
+# 2-core machine: 641 s two at a time, its fedctl processes forked by a fork server that has
+# imported torch once: 839 s when each started a fresh interpreter). Each test module stays in one
 # process, in order, so that its fixtures (the Ansible deployment, a reference run) are made
 # once. `pytest` alone runs everything in turn; so does TEST_PROCESSES=0.
 TEST_PROCESSES ?= 2

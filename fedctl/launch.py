@@ -78,13 +78,14 @@ class ForkedProcess:
     ``poll``, ``wait``, ``terminate``, ``kill``, ``send_signal``)."""
 
     def __init__(self, args: list[str], log: Path, env: Mapping[str, str],
-                 new_session: bool) -> None:
+                 new_session: bool, cwd: str | Path | None = None) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_bytes(b"")  # there once started, as spawn's is
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(FORK_PRELOAD))
         self._proc = ctx.Process(target=_forked_main, name=f"fedctl {args[0]}",
-                                 args=(list(args), str(log), dict(env), new_session))
+                                 args=(list(args), str(log), dict(env), new_session,
+                                       None if cwd is None else str(cwd)))
         self._proc.start()
         self.pid = self._proc.pid
         self.args = args
@@ -113,11 +114,14 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def _forked_main(args: list[str], log: str, env: dict[str, str], new_session: bool) -> None:
+def _forked_main(args: list[str], log: str, env: dict[str, str], new_session: bool,
+                 cwd: str | None = None) -> None:
     """A forked child: what ``spawn`` gives a process (its session, its log as stdout and
-    stderr, its environment, its share of the cores), then ``fedctl ARGS``."""
+    stderr, its environment, its folder, its share of the cores), then ``fedctl ARGS``."""
     if new_session:
         os.setsid()
+    if cwd is not None:
+        os.chdir(cwd)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

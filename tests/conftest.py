@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from common.net.transport import free_ports
-from fedctl.launch import child_env, fedctl_command
+from fedctl.launch import ForkedProcess, child_env, fedctl_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "dbpedia_10k" / "dbpedia_10k.jsonl"
@@ -190,7 +190,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+def kill_tree(proc: subprocess.Popen | ForkedProcess, grace: float = 5.0) -> None:
     """Stop ``proc`` and every process it started (fedctl run's children have their own
     sessions, so killing the parent alone would orphan them)."""
     if proc.poll() is not None:
@@ -216,32 +216,36 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
 class Procs:
     """Starts `fedctl` processes with their output in log files; kills what is left at the end.
 
+    They are forked by the fork server that ``fedctl run`` uses (fedctl/launch.py), torch and
+    scikit-learn imported once: each would otherwise spend about 4 s of CPU importing them, some
+    200 times in the suite, on the cores the clusters under test share. Each is still its own
+    process, with its own sockets, signals and exit status, running ``fedctl``'s own entry point
+    (spawned from a fresh interpreter by the ``fedctl run`` tests and the deployment tests).
+
     Attributes
     ----------
     logs : Path
         Folder of the ``<name>.log`` files.
-    procs : dict of str to subprocess.Popen
+    procs : dict of str to ForkedProcess (or subprocess.Popen, for a test's own program)
+        Each with the part of :class:`subprocess.Popen`'s interface the tests use.
     """
 
     def __init__(self, logs: Path, cache_dir: Path) -> None:
         self.logs = logs
         self.cache_dir = cache_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-        self._files: list[Any] = []
+        self.procs: dict[str, ForkedProcess | subprocess.Popen] = {}
         logs.mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        fh = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all()
-        self._files.append(fh)
-        proc = subprocess.Popen(fedctl_command(*args), cwd=ROOT, env=child_env(self.cache_dir),
-                                stdout=fh, stderr=subprocess.STDOUT)
+    def start(self, name: str, *args: str) -> ForkedProcess:
+        proc = ForkedProcess(list(args), self.logs / f"{name}.log", child_env(self.cache_dir),
+                             new_session=False, cwd=ROOT)
         self.procs[name] = proc
         return proc
 
-    def master(self, config: Path, *extra: str, name: str = "master") -> subprocess.Popen:
+    def master(self, config: Path, *extra: str, name: str = "master") -> ForkedProcess:
         return self.start(name, "master", "--config", str(config), *extra)
 
-    def worker(self, config: Path, worker_id: str, *extra: str) -> subprocess.Popen:
+    def worker(self, config: Path, worker_id: str, *extra: str) -> ForkedProcess:
         return self.start(worker_id, "worker", "--config", str(config), "--id", worker_id,
                           "--threads", "1", *extra)
 
@@ -275,8 +279,6 @@ class Procs:
     def stop_all(self) -> None:
         for p in self.procs.values():
             kill_tree(p)
-        for fh in self._files:
-            fh.close()
 
 
 def run_job(config: Path, logs: Path, cache_dir: Path,

@@ -504,12 +504,11 @@ def test_a_secure_run_ends_where_the_plain_run_does(family: str, tmp_path: Path,
 
 
 def _dying(procs: Procs, config: Path, worker: str, stage: str) -> subprocess.Popen:
-    fh = open(procs.logs / f"{worker}.log", "wb")  # noqa: SIM115 - closed by stop_all
-    procs._files.append(fh)
-    p = subprocess.Popen([sys.executable, "-m", "tests.secagg_dropout", "--config",
-                          str(config), "--id", worker, "--die-after", stage, "--round", "1"],
-                         cwd=ROOT, env=child_env(procs.cache_dir), stdout=fh,
-                         stderr=subprocess.STDOUT)
+    with open(procs.logs / f"{worker}.log", "wb") as fh:  # the child holds its own descriptor
+        p = subprocess.Popen([sys.executable, "-m", "tests.secagg_dropout", "--config",
+                              str(config), "--id", worker, "--die-after", stage, "--round",
+                              "1"], cwd=ROOT, env=child_env(procs.cache_dir), stdout=fh,
+                             stderr=subprocess.STDOUT)
     procs.procs[worker] = p
     return p
 
