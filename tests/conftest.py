@@ -1,10 +1,11 @@
 """Fixtures for the multi-process tests: free ports, cluster configs, real `fedctl` processes.
 
 Everything here is real: `fedctl master` / `fedctl worker` / `fedctl run` run as separate Python
-processes (``python -m fedctl.cli``) talking ZeroMQ over TCP loopback, on the bundled
-dbpedia_10k file and the real sentence-transformer model. Embedding costs ~17 ms per text on a
-CPU, so configs keep ``data.limit`` at 600 and share one session-wide embedding cache, filled
-once by the ``embed_cache`` fixture, so that no process ever embeds again.
+processes (``fedctl run`` as ``python -m fedctl.cli``; the masters and workers a test starts
+itself forked by the fork server ``fedctl run`` uses) talking ZeroMQ over TCP loopback, on the
+bundled dbpedia_10k file and the real sentence-transformer model. Embedding costs ~17 ms per
+text on a CPU, so configs keep ``data.limit`` at 600 and share one session-wide embedding cache,
+filled once by the ``embed_cache`` fixture, so that no process ever embeds again.
 """
 
 from __future__ import annotations
