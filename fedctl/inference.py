@@ -233,7 +233,8 @@ class TopicModel(TrainedModel):
     def transform(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         """Each document's topic mixture, shape (n_documents, n_topics): the same map the
         workers scored with (NMF: weights with the topics fixed; ProdLDA / CombinedTM: the
-        encoder's mean θ; LDA: Gibbs fold-in under the merged topics, seeded)."""
+        encoder's mean θ; LDA: Gibbs fold-in under the merged topics, seeded by each
+        document's words: one document, one answer, whatever the batch)."""
         if isinstance(texts, np.ndarray):
             raise ModelError("a topic model reads texts, not features")
         texts = _texts(texts)
@@ -245,7 +246,7 @@ class TopicModel(TrainedModel):
         from common.models.lda_mh import corpus_from_texts, fold_in
         p = self.lda_params
         return fold_in(self.topic_word_, corpus_from_texts(texts, self.vocabulary_), p.alpha,
-                       p.eval_iter, self.run.config.seed)
+                       p.eval_iter, self.run.config.seed, per_document=True)
 
     def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         """Each document's most weighted topic."""

@@ -18,6 +18,7 @@ from common.models.lda_mh import (
     _doc_proposal_draws,
     corpus_from_bow,
     corpus_from_texts,
+    fold_in,
     heldout_log_likelihood,
     sample_alias,
 )
@@ -131,6 +132,22 @@ def test_heldout_likelihood_prefers_the_true_topics() -> None:
     assert good["n_tokens"] == bad["n_tokens"] == 80 * 4 * 8 // 2
     assert good["loglik"] > bad["loglik"]
     assert good["perplexity"] < 0.7 * bad["perplexity"]
+
+
+def test_a_document_folds_in_alike_whatever_its_batch() -> None:
+    """A trained model's transform gives one document one θ: alone, in a batch, in any order
+    (one draw stream through the batch gave 15 % of dbpedia abstracts another topic)."""
+    phi = 0.99 * _true_topics(5, 50) + 0.01 / 50
+    docs = _synthetic(phi, 30, 4, 8, False, seed=3)
+    both = fold_in(phi, docs, per_document=True)
+    order = np.arange(docs.n_docs)[::-1]
+    assert np.array_equal(fold_in(phi, docs.subset(order), per_document=True), both[order])
+    for d in (0, 7, 29):
+        assert np.array_equal(fold_in(phi, docs.subset(np.array([d])), per_document=True)[0],
+                              both[d])
+    # One stream (evaluation's): a document's θ depends on those before it.
+    assert not np.array_equal(fold_in(phi, docs.subset(order))[::-1], fold_in(phi, docs))
+    assert not np.array_equal(both, fold_in(phi, docs, per_document=True, random_state=1))
 
 
 def test_corpus_from_texts_keeps_sentences_and_documents() -> None:

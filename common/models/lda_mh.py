@@ -38,6 +38,7 @@ fit is reproducible.
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -524,13 +525,17 @@ def _sweep_sentence(words, sent_ptr, doc_sent_ptr, zs, ndk, noise, nwk, nk, alph
 
 # hand-written: Gibbs fold-in with fixed topics, for Wallach et al.'s document completion
 @numba.njit(cache=True)
-def _fold_in(words, doc_ptr, phi_t, alpha, n_iter, burn_in, theta) -> None:
+def _fold_in(words, doc_ptr, phi_t, alpha, n_iter, burn_in, theta, doc_seeds) -> None:
     """Gibbs sampling of each document's topics with the topic–word matrix fixed
-    (``phi_t``: V x K); ``theta`` gets the posterior mean of θ_d over the kept sweeps."""
+    (``phi_t``: V x K); ``theta`` gets the posterior mean of θ_d over the kept sweeps. With
+    ``doc_seeds`` (one per document; empty: one stream for all), each document's draws start
+    from its own seed."""
     k = phi_t.shape[1]
     p = np.empty(k)
     acc = np.empty(k)
     for d in range(doc_ptr.shape[0] - 1):
+        if doc_seeds.shape[0] > 0:
+            np.random.seed(doc_seeds[d])
         a = doc_ptr[d]
         b = doc_ptr[d + 1]
         n = b - a
@@ -781,7 +786,8 @@ class LDAMH:
     def transform(self, corpus: Corpus, n_iter: int = 30) -> np.ndarray:
         """Document–topic distributions θ of ``corpus`` with the topics fixed (Gibbs
         fold-in); shape (n_docs, n_topics), rows summing to one."""
-        return fold_in(self.topic_word_, corpus, self.alpha, n_iter, self.random_state)
+        return fold_in(self.topic_word_, corpus, self.alpha, n_iter, self.random_state,
+                       per_document=True)
 
     def get_topics(self, vocab: Sequence[str], n: int = 10) -> list[list[str]]:
         """Each topic's ``n`` most probable words."""
@@ -790,15 +796,26 @@ class LDAMH:
 
 
 def fold_in(topic_word: np.ndarray, corpus: Corpus, alpha: float = 0.1, n_iter: int = 30,
-            random_state: int = 0) -> np.ndarray:
+            random_state: int = 0, per_document: bool = False) -> np.ndarray:
     """θ of each document of ``corpus`` under fixed topics ``topic_word`` (K x V, rows summing
     to one): Gibbs sampling of the tokens' topics, posterior mean over the second half of
-    ``n_iter`` sweeps."""
+    ``n_iter`` sweeps.
+
+    With ``per_document``, each document's draws are seeded by ``random_state`` and its own
+    words, so that a document gets the same θ whatever else is in the batch, and in whatever
+    order (a model's ``transform``); otherwise one stream runs through the corpus (evaluation,
+    as it has always been scored)."""
     phi_t = np.ascontiguousarray(np.asarray(topic_word, dtype=np.float64).T)
     theta = np.zeros((corpus.n_docs, phi_t.shape[1]))
     seed_numba(int(random_state))
+    words = np.ascontiguousarray(corpus.words, dtype=np.int64)
+    ptr = corpus.doc_ptr
+    seeds = (np.array([zlib.crc32(words[ptr[d]:ptr[d + 1]].tobytes(),
+                                  int(random_state) & 0xFFFFFFFF) for d in range(corpus.n_docs)],
+                      dtype=np.int64)
+             if per_document else np.empty(0, dtype=np.int64))
     _fold_in(corpus.words, corpus.doc_ptr, phi_t, float(alpha), int(n_iter), int(n_iter) // 2,
-             theta)
+             theta, seeds)
     return theta
 
 
