@@ -25,6 +25,7 @@ import numpy as np
 
 from common.data.embedding import embed_texts, embedding_identity
 from common.data.text import bow_matrix
+from fedctl.errors import one_line
 from fedctl.runs import Run, load_run
 
 __all__ = ["TrainedModel", "Classifier", "Clusterer", "TopicModel", "load_model",
@@ -47,6 +48,11 @@ def _texts(texts: Any) -> list[str]:
         if not isinstance(t, str):
             raise ModelError(f"texts[{i}]: expected a string, got {type(t).__name__}")
     return texts
+
+
+def _is_features(x: Any) -> bool:
+    """A numeric array is features; an array of strings (``np.array(texts)``) is texts."""
+    return isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
 
 
 class TrainedModel(ABC):
@@ -75,7 +81,7 @@ class TrainedModel(ABC):
         """Sentence features of ``texts`` by the run's sentence model (cached on disk), or
         ``texts`` itself when it is already a feature array of the right width."""
         expected = self.run.model.get("embedding")
-        if isinstance(texts, np.ndarray):
+        if _is_features(texts):
             width = self.input_dim
             if texts.ndim != 2 or (width and texts.shape[1] != width):
                 raise ModelError(f"features of shape {texts.shape}, but this model takes "
@@ -162,7 +168,7 @@ class Clusterer(TrainedModel):
 
     def _inputs(self, texts: Texts, progress: bool) -> Any:
         if self.encoder != "frozen":  # a fine-tuned encoder reads the texts themselves
-            if isinstance(texts, np.ndarray):
+            if _is_features(texts):
                 raise ModelError("this model fine-tuned its encoder: give it texts")
             return _texts(texts)
         return self.features(texts, progress)
@@ -235,7 +241,7 @@ class TopicModel(TrainedModel):
         workers scored with (NMF: weights with the topics fixed; ProdLDA / CombinedTM: the
         encoder's mean θ; LDA: Gibbs fold-in under the merged topics, seeded by each
         document's words: one document, one answer, whatever the batch)."""
-        if isinstance(texts, np.ndarray):
+        if _is_features(texts):
             raise ModelError("a topic model reads texts, not features")
         texts = _texts(texts)
         if self.family == "nmf":
@@ -288,4 +294,12 @@ def load_model(run: str | Path | Run, device: str = "cpu") -> TrainedModel:
     if cls is None:
         raise ModelError(f"{run.path}: family {run.family!r} has no reader here "
                          f"(readable: {', '.join(sorted(_KINDS))})")
-    return cls(run, device)
+    try:
+        return cls(run, device)
+    except ModelError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        # model.npz of another run, or a model.json edited by hand: the arrays do not fit
+        raise ModelError(f"{run.path}: model.npz and model.json do not make one "
+                         f"{run.family} model ({type(exc).__name__}: {one_line(exc)})"
+                         ) from None

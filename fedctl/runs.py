@@ -71,19 +71,37 @@ def load_run(path: str | Path) -> Run:
     """Read a finished run's folder; FileNotFoundError (one line) if it holds no model."""
     folder = Path(path)
     if not (folder / "model.npz").is_file():
-        raise FileNotFoundError(f"{folder}: no model.npz (not a finished fedctl run)")
+        raise FileNotFoundError(f"{folder}: no model.npz ({_why_no_model(folder)})")
     try:
         with np.load(folder / "model.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        # (an empty file, a copy cut short: EOFError)
         raise ValueError(f"{folder / 'model.npz'}: not a readable model "
-                         f"({one_line(exc)})"
-                         ) from None
+                         f"({one_line(exc)})") from None
     model = read_json(folder / "model.json") or {}
+    if not isinstance(model.get("family"), str) or not model["family"]:
+        raise ValueError(f"{folder / 'model.json'}: "
+                         f"{'names no family' if model else 'missing'} (written beside "
+                         f"model.npz at a run's end: copy the whole run folder)")
     return Run(path=folder, family=str(model.get("family", "")),
                config=load_config(folder / "cluster.yaml"), arrays=arrays, model=model,
                comparison=read_json(folder / "comparison.json"),
                summary=read_json(folder / "summary.json"))
+
+
+def _why_no_model(folder: Path) -> str:
+    """Why a folder holds no model, for the one-line error: its run failed (and why), is
+    still running or was stopped, or is not a run at all."""
+    note = folder / "FAILED"
+    if note.is_file():
+        why = one_line(note.read_text(errors="replace")) or "no reason written"
+        return f"its run failed: {why}"
+    if folder.name.endswith(".failed"):
+        return "its run failed"
+    if (folder / "metrics.jsonl").is_file() or folder.name.endswith(".partial"):
+        return "its run has not finished: still running, or stopped"
+    return "not a finished fedctl run"
 
 
 def wall_time(run_dir: str | Path) -> float | None:

@@ -73,6 +73,8 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
         if output is not None and Path(output).resolve() == Path(input_path).resolve():
             raise ValueError(f"--output {output}: that is INPUT; the predictions would replace "
                              f"the documents")
+        if output is not None:  # checked before the documents are embedded, not after
+            _check_writable(Path(output))
         texts = _read_texts(input_path)
         model = load_model(run)
         # All at once: the embeddings are cached under the whole list, so a file the cluster
@@ -84,8 +86,23 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     if output is None:
         click.echo(data.decode(), nl=False)
     else:
-        atomic_write_bytes(Path(output), data)
+        try:
+            atomic_write_bytes(Path(output), data)
+        except OSError as exc:  # no room, no permission
+            fail(OSError(f"--output {output}: cannot write ({exc.strerror or exc})"))
         click.echo(f"{len(lines)} predictions written to {output}", err=True)
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse an output path under a file, or in a folder that cannot be written (missing
+    folders are made when the file is written)."""
+    folder = path.resolve().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"--output {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {path}: cannot write in {folder}")
 
 
 @click.command()

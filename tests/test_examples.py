@@ -149,6 +149,7 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match=r"texts\[1\]: expected a string, got int"):
         use(["a document", 7])
     assert len(use([])) == 0
+    assert len(use(np.array(["a document", "another"]))) == 2  # texts, not "features"
     if isinstance(model, TopicModel):
         with pytest.raises(ModelError, match="n: expected an integer >= 1"):
             model.get_topics(-1)
@@ -176,6 +177,22 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     listed = CliRunner().invoke(main, ["runs", str(runs)], prog_name="fedctl")
     assert listed.exit_code == 0, listed.output
     assert "damaged: model.json unreadable" in listed.stdout
+    # A model copied in part, a run that failed, files of two runs: each said in one line.
+    (damaged / "model.json").unlink()
+    assert f"{damaged / 'model.json'}: missing" in fedctl("predict", str(damaged), str(docs))
+    shutil.copy(out / "model.json", damaged / "model.json")
+    (damaged / "model.npz").write_bytes(b"")  # used to be a bare "Aborted!"
+    assert "model.npz: not a readable model" in fedctl("predict", str(damaged), str(docs))
+    (damaged / "model.npz").unlink()
+    (damaged / "FAILED").write_text("exit code 143: see logs/ (interrupted)\n")
+    assert "its run failed: exit code 143" in fedctl("predict", str(damaged), str(docs))
+    shutil.copy(out / "model.npz", damaged / "model.npz")
+    spec = json.loads((out / "model.json").read_text())
+    spec["setup"]["classes"] = spec["setup"]["classes"][:1]
+    (damaged / "model.json").write_text(json.dumps(spec))
+    assert "do not make one mlp model" in fedctl("predict", str(damaged), str(docs))
+    assert "is a file, not a folder" in fedctl("predict", str(out), str(docs), "-o",
+                                               str(docs / "p.jsonl"))
 
 
 def _tracked(out: Path, summary: dict[str, Any]) -> None:
