@@ -104,6 +104,23 @@ def _why_no_model(folder: Path) -> str:
     return "not a finished fedctl run"
 
 
+#: Files only a run writes: a folder holding one of them is listed by :func:`list_runs`.
+RUN_MARKS = ("metrics.jsonl", "summary.json", "model.json", "FAILED")
+
+
+def started(run_dir: str | Path) -> float | None:
+    """When the run began: the time of the first event of its ``metrics.jsonl`` (None if it
+    has none yet)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            first = json.loads(fh.readline())
+    except (OSError, ValueError):
+        return None
+    t = first.get("time") if isinstance(first, dict) else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
 def wall_time(run_dir: str | Path) -> float | None:
     """Seconds from the run's first event to its last (``metrics.jsonl``), if it has two."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -132,15 +149,16 @@ def headline(summary: dict[str, Any] | None) -> str:
 
 def list_runs(root: str | Path) -> list[dict[str, Any]]:
     """Every run folder under ``root`` (``runs/``), oldest first: path, family, workers,
-    rounds, headline score, wall time and state (``finished``, ``failed``, ``running or
+    rounds, headline score, start, wall time and state (``finished``, ``failed``, ``running or
     stopped``). The ``latest`` link is not listed twice."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = []
     for folder in root.iterdir():
-        if folder.name == "latest" or not folder.is_dir() or not (
-                (folder / "cluster.yaml").is_file() or (folder / "metrics.jsonl").is_file()):
+        # What only a run writes (a cluster.yaml alone is also a project's, or a copy's).
+        if folder.name == "latest" or not folder.is_dir() or not any(
+                (folder / name).is_file() for name in RUN_MARKS):
             continue
         try:
             summary = read_json(folder / "summary.json")
@@ -168,5 +186,5 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
         found.append({"path": folder, "family": family, "workers": workers,
                       "rounds": (summary or {}).get("rounds", "-"), "score": headline(summary),
                       "wall_s": wall_time(folder), "state": state,
-                      "mtime": folder.stat().st_mtime})
+                      "started": started(folder), "mtime": folder.stat().st_mtime})
     return sorted(found, key=lambda e: (e["mtime"], e["path"].name))

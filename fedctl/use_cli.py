@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import click
@@ -161,25 +162,29 @@ def show(run: str) -> None:
 @click.command("runs")
 @click.argument("folder", type=click.Path(file_okay=False), default="runs")
 def runs_cmd(folder: str) -> None:
-    """List the runs in FOLDER (default runs/), newest last: when, family, workers, rounds,
-    headline score, wall time, and whether it finished."""
+    """List the runs in FOLDER (default runs/), newest last: when each started, family,
+    workers, rounds, headline score, wall time, and whether it finished."""
     from fedctl.runs import list_runs
 
     root = Path(folder)
+    if not root.exists() and folder != "runs":  # (no runs/ yet is no runs, below)
+        fail(FileNotFoundError(f"{folder}: no such folder"))
     found = list_runs(root)  # a damaged run is listed as such, not a traceback
     if not found:
         click.echo(f"{root}: no runs")
         return
     latest = (root / "latest").resolve() if (root / "latest").exists() else None
-    header = f"{'run':<28} {'family':<11} {'workers':>7} {'rounds':>6} {'score':<20} " \
-             f"{'wall':>8}  state"
+    header = f"{'run':<28} {'started':<16} {'family':<11} {'workers':>7} {'rounds':>6} " \
+             f"{'score':<20} {'wall':>8}  state"
     click.echo(header)
     for entry in found:
         mark = " (latest)" if latest is not None and entry["path"].resolve() == latest else ""
         wall = "-" if entry["wall_s"] is None else f"{entry['wall_s']:.1f}s"
-        click.echo(f"{entry['path'].name:<28} {entry['family']:<11} {entry['workers']:>7} "
-                   f"{entry['rounds']:>6} {entry['score']:<20} {wall:>8}  "
-                   f"{entry['state']}{mark}")
+        when = ("-" if entry["started"] is None else  # local time, as the user reads a clock
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["started"])))
+        click.echo(f"{entry['path'].name:<28} {when:<16} {entry['family']:<11} "
+                   f"{entry['workers']:>7} {entry['rounds']:>6} {entry['score']:<20} "
+                   f"{wall:>8}  {entry['state']}{mark}")
 
 
 @click.command()

@@ -71,3 +71,24 @@ def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
                                                 "20260103T000000Z-cccccc.failed"]
     assert [e["state"] for e in listed] == ["running or stopped", "finished", "failed"]
     assert listed[1]["score"] == "macro-F1 0.7000" and listed[1]["wall_s"] == 3.5
+    assert listed[1]["started"] == 1.0
+    # A project's copy holds a cluster.yaml too: it is no run (it was listed as one, running).
+    (runs / "project").mkdir()
+    (runs / "project" / "cluster.yaml").write_text("workers: [w1]\n")
+    assert "project" not in [e["path"].name for e in list_runs(runs)]
+
+
+def test_fedctl_runs_says_when_and_refuses_a_missing_folder(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+
+    runs = tmp_path / "runs"
+    _run_dir(runs, "20260102T000000Z-bbbbbb", finished=True)
+    shown = CliRunner().invoke(main, ["runs", str(runs)], prog_name="fedctl")
+    assert shown.exit_code == 0, shown.output
+    header, row = shown.stdout.splitlines()
+    assert header.split()[:3] == ["run", "started", "family"]
+    assert time.strftime("%Y-%m-%d %H:%M", time.localtime(1.0)) in row
+    missing = CliRunner().invoke(main, ["runs", str(tmp_path / "nope")], prog_name="fedctl")
+    assert missing.exit_code == 1 and "no such folder" in missing.stderr
