@@ -255,20 +255,42 @@ class TopicModel(TrainedModel):
                        p.eval_iter, self.run.config.seed, per_document=True)
 
     def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
-        """Each document's most weighted topic."""
-        return self.transform(texts, progress).argmax(axis=1)
+        """Each document's most weighted topic; -1 for a document with no word of the
+        model's vocabulary (empty, another language), which no topic describes."""
+        texts = _texts(texts)
+        topic = self.transform(texts, progress).argmax(axis=1)
+        topic[~self._placed(self.known_words(texts))] = -1
+        return topic
+
+    def known_words(self, texts: Sequence[str]) -> np.ndarray:
+        """How many of each document's words are in the model's vocabulary."""
+        texts = _texts(texts)
+        return np.asarray(bow_matrix(texts, self.vocabulary_).sum(axis=1)).ravel().astype(int)
+
+    def _placed(self, known: np.ndarray) -> np.ndarray:
+        """Which documents the model can place: those with a known word; every one for
+        CombinedTM, which reads the document's sentence embedding too."""
+        return np.ones(len(known), dtype=bool) if getattr(self, "contextual_size", 0) \
+            else known > 0
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        texts = _texts(texts)
         theta = self.transform(texts, progress)
+        known = self.known_words(texts)
         heads = self.get_topics(5)
         out = []
-        for row in theta:
+        for row, n, placed in zip(theta, known, self._placed(known), strict=True):
+            if not placed:  # nothing to go on: no topic, rather than topic 0 at weight 0
+                out.append({"topic": None, "mixture": None, "top_topics": [],
+                            "known_words": 0})
+                continue
             total = float(row.sum())
             mix = row / total if total > 0 else row
             top = np.argsort(-mix)[:3]
             out.append({"topic": int(top[0]), "mixture": [round(float(v), 6) for v in mix],
                         "top_topics": [{"topic": int(k), "weight": round(float(mix[k]), 6),
-                                        "words": heads[k]} for k in top]})
+                                        "words": heads[k]} for k in top],
+                        "known_words": int(n)})
         return out
 
 

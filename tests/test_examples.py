@@ -153,6 +153,12 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     if isinstance(model, TopicModel):
         with pytest.raises(ModelError, match="n: expected an integer >= 1"):
             model.get_topics(-1)
+        # No word it knows: no topic (it was topic 0, at weight 0).
+        known = json.loads(docs.read_text().splitlines()[0])["text"]
+        unknown = model.predict(["", "日本語のテキスト", known]).tolist()
+        assert unknown[:2] == [-1, -1] and unknown[2] >= 0
+        (record,) = model.records([" "])
+        assert record["topic"] is None and record["known_words"] == 0
         return
 
     def fedctl(*args: str) -> str:
