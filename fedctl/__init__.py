@@ -12,6 +12,7 @@ The public API, for plug-ins and for using what a run trained::
     fedctl.register_family(fedctl.Family("mine", MyServer, MyClient))
     fedctl.register_strategy("trimmed", MyStrategy)
     run = fedctl.load_run("runs/latest")        # a finished run's model, config and results
+    model = fedctl.load_model("runs/latest")    # its model, with predict / transform
 
 Families and strategies of other installed packages are found through the entry-point
 groups ``fedctl.families`` and ``fedctl.strategies`` (docs/FAMILIES.md). The names below are
@@ -57,3 +58,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'fedctl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy names too, so that completion and ``dir(fedctl)`` offer them."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -311,6 +311,12 @@ def load_model(run: str | Path | Run, device: str = "cpu") -> TrainedModel:
         A family this version cannot read back (e.g. a plug-in's), or a model that does not
         match what it is given.
     """
+    from common.data.embedding import DataError, resolve_device
+
+    try:  # "cuda" on a machine without one: one line, not torch's AssertionError
+        device = resolve_device(device)
+    except DataError as exc:
+        raise ModelError(f"device: {exc}") from None
     run = run if isinstance(run, Run) else load_run(run)
     cls = _KINDS.get(run.family)
     if cls is None:

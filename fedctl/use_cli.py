@@ -10,6 +10,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import click
 
@@ -22,20 +23,26 @@ _run_arg = click.argument("run", type=click.Path(exists=True, file_okay=False),
 
 
 
-def _read_texts(path: str) -> list[str]:
+class _Document(NamedTuple):
+    line: int  # in INPUT, from 1: blank lines are skipped, and this matches an output to its line
+    text: str
+    id: Any  # a JSONL line's own "id", passed through (None: it has none)
+
+
+def _read_texts(path: str) -> list[_Document]:
     """The ``text`` of every line of a JSONL file (a plain-text file: one document a line)."""
-    texts: list[str] = []
+    docs: list[_Document] = []
     try:
-        _read_lines(path, texts)
+        _read_lines(path, docs)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason}; after "
-                         f"{len(texts)} document(s))") from None
-    if not texts:
+                         f"{len(docs)} document(s))") from None
+    if not docs:
         raise ValueError(f"{path}: no documents")
-    return texts
+    return docs
 
 
-def _read_lines(path: str, texts: list[str]) -> None:
+def _read_lines(path: str, docs: list[_Document]) -> None:
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -48,9 +55,9 @@ def _read_lines(path: str, texts: list[str]) -> None:
                                      f"{exc.colno})") from None
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                     raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
-                texts.append(row["text"])
+                docs.append(_Document(n, row["text"], row.get("id")))
             else:
-                texts.append(line.rstrip("\n"))
+                docs.append(_Document(n, line.rstrip("\n"), None))
 
 
 @click.command()
@@ -64,7 +71,8 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     """Apply RUN's trained model to the documents of INPUT (JSONL with a "text" field, or
     plain text, one document a line), e.g. `fedctl predict runs/latest docs.jsonl -o out.jsonl`.
 
-    Writes one JSON line per document, in order: the MLP's label and class probabilities;
+    Writes one JSON line per document, in order, with its line in INPUT (and a JSONL
+    line's "id", if it has one): the MLP's label and class probabilities;
     FSTC's cluster and its probabilities; a topic model's mixture and top topics with their
     words.
     """
@@ -76,11 +84,13 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
                              f"the documents")
         if output is not None:  # checked before the documents are embedded, not after
             _check_writable(Path(output))
-        texts = _read_texts(input_path)
+        docs = _read_texts(input_path)
         model = load_model(run)
         # All at once: the embeddings are cached under the whole list, so a file the cluster
         # trained on costs no embedding at all.
-        lines = [json.dumps(r) for r in model.records(texts, progress=progress)]
+        records = model.records([d.text for d in docs], progress=progress)
+        lines = [json.dumps({"line": d.line, **({} if d.id is None else {"id": d.id}), **r})
+                 for d, r in zip(docs, records, strict=True)]
     except (FileNotFoundError, ValueError, ModelError) as exc:
         fail(exc)
     data = "".join(line + "\n" for line in lines).encode()

@@ -120,6 +120,7 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
     assert pred.returncode == 0, pred.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert len(lines) == 50
+    assert [line["line"] for line in lines] == list(range(1, 51))  # each matched to its input
     key = {"mlp": "label", "fstc": "cluster"}.get(family, "topic")
     assert all(key in line for line in lines)
     if key == "topic":
@@ -138,6 +139,7 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     silent wrong answer."""
     from click.testing import CliRunner
 
+    import fedctl as fedctl_module
     from fedctl import load_model
     from fedctl.cli import main
     from fedctl.inference import ModelError, TopicModel
@@ -168,6 +170,17 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
             "".join(traceback.format_exception(result.exception))
         (line,) = result.stderr.strip().splitlines()
         return line
+
+    with pytest.raises(ModelError, match="device: unknown device 'gpu'"):
+        load_model(out, device="gpu")  # was torch's RuntimeError, and "cuda" its AssertionError
+    assert "load_model" in dir(fedctl_module)
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"text": "a ship", "id": "doc-7"}\n\n{"text": "a band"}\n')
+    shown = CliRunner().invoke(main, ["predict", str(out), str(ids), "--no-progress"],
+                               prog_name="fedctl")
+    assert shown.exit_code == 0, shown.output
+    rows = [json.loads(x) for x in shown.stdout.splitlines()]
+    assert [(r["line"], r.get("id")) for r in rows] == [(1, "doc-7"), (3, None)]
 
     before = docs.read_bytes()
     assert "that is INPUT" in fedctl("predict", str(out), str(docs), "-o", str(docs))
