@@ -17,7 +17,7 @@ for the families that embed text, an array of features already made by that mode
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ def _texts(texts: Any) -> list[str]:
     vectorizers refuse it (iterated, it would be one document a character)."""
     if isinstance(texts, (str, bytes)):
         raise ModelError("expected a list of texts, got one string: wrap it in a list")
+    if isinstance(texts, Mapping):  # iterated, it would be its keys
+        raise ModelError(f"expected a list of texts, got a {type(texts).__name__}")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
@@ -86,6 +88,10 @@ class TrainedModel(ABC):
             if texts.ndim != 2 or (width and texts.shape[1] != width):
                 raise ModelError(f"features of shape {texts.shape}, but this model takes "
                                  f"{width} per document ({(expected or {}).get('name')})")
+            bad = ~np.isfinite(texts).all(axis=1)
+            if bad.any():  # else NaN probabilities, in silence
+                raise ModelError(f"features: {int(bad.sum())} row(s) hold NaN or infinity "
+                                 f"(the first: row {int(np.argmax(bad))})")
             return np.asarray(texts, dtype=np.float32)
         texts = _texts(texts)
         if not texts:

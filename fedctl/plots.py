@@ -106,6 +106,9 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
 
     dirs = [Path(r) for r in runs]
     data = {d: _curves(read_metrics(d / "metrics.jsonl"), _summary(d)) for d in dirs}
+    empty = [str(d) for d, c in data.items() if not c["round"]]
+    if empty:  # a picture of empty axes says nothing; say why instead
+        raise ValueError(f"{', '.join(empty)}: no round done yet (nothing to draw)")
     fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5))
     score_label = next((c["score"][1] for c in data.values() if c["score"]), None)
     if len(dirs) == 1:

@@ -43,7 +43,7 @@ def _read_texts(path: str) -> list[_Document]:
 
 
 def _read_lines(path: str, docs: list[_Document]) -> None:
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:  # (-sig: a byte-order mark is not text)
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue

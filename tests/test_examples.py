@@ -171,11 +171,17 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
         (line,) = result.stderr.strip().splitlines()
         return line
 
+    with pytest.raises(ModelError, match="got a dict"):
+        model.predict({"a document": 1})  # was its keys, predicted
+    features = np.zeros((2, model.input_dim), dtype=np.float32)
+    features[1, 3] = np.nan
+    with pytest.raises(ModelError, match="1 row.s. hold NaN or infinity .the first: row 1"):
+        model.predict(features)  # was a NaN probability, in silence
     with pytest.raises(ModelError, match="device: unknown device 'gpu'"):
         load_model(out, device="gpu")  # was torch's RuntimeError, and "cuda" its AssertionError
     assert "load_model" in dir(fedctl_module)
     ids = tmp_path / "ids.jsonl"
-    ids.write_text('{"text": "a ship", "id": "doc-7"}\n\n{"text": "a band"}\n')
+    ids.write_text('\ufeff{"text": "a ship", "id": "doc-7"}\n\n{"text": "a band"}\n')  # BOM
     shown = CliRunner().invoke(main, ["predict", str(out), str(ids), "--no-progress"],
                                prog_name="fedctl")
     assert shown.exit_code == 0, shown.output
