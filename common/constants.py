@@ -123,6 +123,10 @@ NORM_GROWTH_LIMIT = 100.0
 #: abstains this many times from a multi-round step, is excluded from the rest of the job.
 ABSTAIN_LIMIT = 3
 
+#: Senders whose refused requests the master counts (and logs, once each) by name; the rest
+#: are counted together: without CURVE a flood can make up a new name for every request.
+MAX_REFUSED_SENDERS = 1000
+
 #: Longest duration a worker may report for a timing metric (``*_time``, ``*_s``), in seconds.
 MAX_TIMING_S = 1e6
 #: Largest magnitude any reported metric may have.

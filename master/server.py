@@ -54,6 +54,8 @@ from master.strategies import ClientResult
 log = logging.getLogger("fedctl.master")
 
 JOINING, TRAINING, REPORTING, DONE = M.JOINING, M.TRAINING, M.REPORTING, M.DONE
+#: What the refusals of senders past MAX_REFUSED_SENDERS are counted under.
+OTHER_SENDERS = "(other senders)"
 JOIN_LOG_INTERVAL_S = 10.0  # how often waiting for workers says so
 #: Refusals of an update for what it holds (not for when or by whom it came): its worker will
 #: not send that round again.
@@ -266,7 +268,10 @@ class Master:
         except ProtocolError as exc:
             return self._refuse(exc.code, str(exc), identity or "?")
         del frames
-        worker_id = str(msg.body.get("worker_id", "?"))[:128]
+        # Only a string names a sender: the repr of anything else a peer sent (a list nested a
+        # thousand deep) could raise, here, outside the try below, and end the master.
+        named = msg.body.get("worker_id")
+        worker_id = named[:128] if isinstance(named, str) else "?"
         try:
             M.check_request(msg.kind, msg.body)
             if identity is not None and worker_id != identity:
@@ -293,6 +298,10 @@ class Master:
         """Answer with an error; the first refusal of each kind per sender is logged, the rest
         counted (a flood must not flood the log too) and totalled in summary.json."""
         self.errors_served += 1
+        if sender not in self.refused and len(self.refused) >= C.MAX_REFUSED_SENDERS:
+            # Without CURVE a name costs nothing: 200,000 made-up ones grew this table (and
+            # the log, a line each) by 100 MB. Past the cap, they are counted together.
+            sender = OTHER_SENDERS
         self.refused[sender][code] += 1
         level = logging.WARNING if self.refused[sender][code] == 1 else logging.DEBUG
         log.log(level, "refused a request from %r: %s (%s)%s", sender, message, code,

@@ -172,6 +172,13 @@ def _header(**fields: Any) -> bytes:
                           "arrays": [], **fields}, use_bin_type=True)
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 JOINING_CASES = {
     "truncated-one-frame": ([b"ping"], "malformed"),
     "garbage-header": ([b"ping", b"\xc1\xc1 this is not msgpack"], "malformed"),
@@ -183,6 +190,9 @@ JOINING_CASES = {
     "missing-field": (encode("register", {"worker_id": "w2", "n_samples": 1, "device": "cpu"}),
                       "bad_field"),
     "missing-worker-id": (encode("ping", {}), "bad_field"),
+    # Its repr raised RecursionError before the master's guard: one ping ended the master.
+    "worker-id-nested-deep": ([b"ping", _header(body={"worker_id": _nested(1000)})],
+                              "bad_field"),
     "wrong-field-type": (encode("register", {"worker_id": "w2", "n_samples": "many",
                                              "device": "cpu", "info": INFO}), "bad_field"),
     "negative-n-samples": (encode("register", {"worker_id": "w2", "n_samples": -1,
@@ -473,3 +483,19 @@ def test_bad_register_info_does_not_kill_master(fresh_master: Callable[..., RawM
 
     assert wait_for(started, 30, "the job to start") == "training", master.tail(4)
     assert master.alive()
+
+
+def test_made_up_names_do_not_grow_the_masters_tables(fresh_master: Callable[..., RawMaster]
+                                                       ) -> None:
+    """Without CURVE a name costs nothing: each refused sender was kept, and logged, by name
+    (200,000 pings under new names: 85 MB of log, 100 MB of memory)."""
+    from common.constants import MAX_REFUSED_SENDERS
+
+    master = fresh_master()
+    for i in range(MAX_REFUSED_SENDERS + 200):
+        assert_error(master.ping(f"made-up-{i}"), "unknown_worker")
+    assert master.alive()
+    logged = [line for line in master.log.read_text().splitlines()
+              if "refused a request from" in line]
+    assert MAX_REFUSED_SENDERS <= len(logged) <= MAX_REFUSED_SENDERS + 1
+    assert "'(other senders)'" in logged[-1]
