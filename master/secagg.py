@@ -159,6 +159,13 @@ class SecureRound:
         keys = (_bytes(body.get("c_pk"), crypto.KEY_BYTES, "c_pk"),
                 _bytes(body.get("s_pk"), crypto.KEY_BYTES, "s_pk"),
                 _bytes(body.get("b_commit"), 32, "b_commit"))
+        for what, key in (("c_pk", keys[0]), ("s_pk", keys[1])):
+            # Relayed as it came, a low-order key (32 zero bytes) made every neighbour's
+            # agreement with it fail: the honest workers left the job with "Error computing
+            # shared key", and the round with them.
+            if not crypto.usable_public(key):
+                raise ProtocolError(f"secagg: {what} is not a usable X25519 public key",
+                                    code=errors.BAD_FIELD)
         self._keep(self.keys, worker, keys, COLLECTING_KEYS, "keys")
         self._close_if_all_in()
         if self.stage == COLLECTING_KEYS:

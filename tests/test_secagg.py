@@ -276,6 +276,12 @@ def test_the_master_refuses_misaddressed_forged_and_out_of_stage_messages() -> N
     with pytest.raises(ProtocolError) as exc:
         sr.on_request("w1", {**_keys_body(*keys["w1"]), "c_pk": b"short"})
     assert exc.value.code == errors.BAD_FIELD
+    # Low-order points: every neighbour's agreement with them fails (relayed, 32 zero bytes
+    # ended the honest workers with "Error computing shared key").
+    for field, low in (("c_pk", bytes(32)), ("s_pk", (1).to_bytes(32, "little"))):
+        with pytest.raises(ProtocolError, match=f"{field} is not a usable X25519") as exc:
+            sr.on_request("w1", {**_keys_body(*keys["w1"]), field: low})
+        assert exc.value.code == errors.BAD_FIELD
     for w in names[:2]:
         assert sr.on_request(w, _keys_body(*keys[w])) == {"ready": False}
     with pytest.raises(ProtocolError) as exc:  # other keys for the same round: a replay

@@ -82,6 +82,10 @@ class SecureUpload:
                             "s_pk": crypto.public_bytes(self.s_key),
                             "b_commit": hashlib.sha256(self.seed).digest()})
         self.peers = {str(v): (bytes(k[0]), bytes(k[1])) for v, k in reply["peers"].items()}
+        unusable = sorted(v for v, k in self.peers.items()
+                          if not all(crypto.usable_public(x) for x in k))
+        if unusable:  # (the master refuses them; one that did not would not end this worker)
+            raise SecAggError(f"round {rnd}: unusable public keys from {', '.join(unusable)}")
         if len(self.peers) + 1 < threshold:
             raise SecAggError(f"round {rnd}: {len(self.peers)} neighbour(s), the threshold "
                               f"is {threshold}")

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -64,6 +65,18 @@ def agree(private: X25519PrivateKey, peer_public: bytes, context: bytes) -> byte
     secret = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
                 info=context).derive(secret)
+
+
+def usable_public(raw: Any) -> bool:
+    """Whether ``raw`` is an X25519 public key a pair can agree with: 32 bytes, and not one of
+    the low-order points (32 zero bytes among them), with which every agreement fails."""
+    if not isinstance(raw, bytes) or len(raw) != KEY_BYTES:
+        return False
+    try:
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
+    except ValueError:
+        return False
+    return True
 
 
 def new_seed() -> bytes:
