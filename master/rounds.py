@@ -53,6 +53,7 @@ class RoundState:
     results: dict[str, ClientResult] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # participants whose update was refused
+    left_out: set[str] = field(default_factory=set)  # updates taken, then screened out
     bytes_in: int = 0
     broadcast_bytes: int = 0
     publish_time: float = 0.0

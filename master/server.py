@@ -768,11 +768,21 @@ class Master:
         t0 = time.perf_counter()
         aggregated = self._aggregate(rnd)
         aggregate_time = time.perf_counter() - t0
+        stepped = aggregated and next(iter(self.family.trained(self.version + 1).values())
+                                      ) > progress
+        if stepped:  # a step completed: its workers' past abstentions are forgiven
+            for wid in rnd.results:
+                self._abstained.pop(wid, None)
+        else:
+            # An update screened out of a step of several rounds makes it start again, as an
+            # abstention does: counted alike, else one member's outlier every step kept the job
+            # from ever stepping (where a step completes without it, leaving it out is enough).
+            for wid in sorted(rnd.left_out):
+                self._abstained[wid] += 1
+                if self._abstained[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:
+                    self._exclude(wid, f"its updates were left out {self._abstained[wid]} "
+                                       f"times with no step completed (ABSTAIN_LIMIT)")
         if aggregated:  # else nothing usable came: the next round starts from the same model
-            if next(iter(self.family.trained(self.version + 1).values())) > progress:
-                # A step completed: its workers' past abstentions are forgiven.
-                for wid in rnd.results:
-                    self._abstained.pop(wid, None)
             self.version += 1
         events = self._log_round(rnd, aggregate_time, missing)
         self.open = None
@@ -892,6 +902,7 @@ class Master:
         return True
 
     def _leave_out(self, rnd: RoundState, worker_id: str, why: str) -> None:
+        rnd.left_out.add(worker_id)
         rnd.results.pop(worker_id, None)
         rnd.metrics.pop(worker_id, None)
         self.refused[worker_id][errors.OUTLIER] += 1
