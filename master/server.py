@@ -349,6 +349,12 @@ class Master:
             if differences:
                 raise ProtocolError(refusal(wid, differences), code=errors.REJECTED)
         self.family.check_info(b["info"])
+        n_docs = b["info"].get("n_docs")  # (the families that merge a vocabulary say it)
+        if isinstance(n_docs, int) and n_docs > b["n_samples"]:
+            # Word counts are bounded by the documents declared; unbounded by the documents
+            # registered, 10 documents passed for 10^9 and put 2,000 made-up words first.
+            raise ProtocolError(f"register.info.n_docs: {n_docs} documents, more than the "
+                                f"{b['n_samples']} registered (n_samples)", code=errors.BAD_FIELD)
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
@@ -482,6 +488,7 @@ class Master:
         check_arrays(extra, wanted)  # the strategy's own (SCAFFOLD's), exactly
         arrays = decompress(str(b.get("compression", "none")), arrays, model)
         self.family.check_update(arrays)
+        self.family.check_claims(arrays, b["n_samples"])
         rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"], extra)
         upload = (min(max(0.0, time.time() - b["sent_at"]), C.MAX_TIMING_S)
                   if isinstance(b.get("sent_at"), float) else None)

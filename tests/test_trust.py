@@ -337,6 +337,11 @@ def test_vocabulary_counts_no_documents_could_give_are_refused(
         reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu"}
         assert h.code("register", {**reg, "info": {"vocabulary": junk, "n_docs": 100}}
                       ) == "bad_field"
+        # Counts a billion documents could give, from a worker that registered 100: its made-up
+        # words were the agreed vocabulary's first.
+        made_up = {f"zq{i}": [10**12, 10**9] for i in range(2000)}
+        assert h.code("register", {**reg, "info": {"vocabulary": made_up, "n_docs": 10**9}}
+                      ) == "bad_field"
         honest = {"vocabulary": {"train": [30, 20], "station": [12, 10]}, "n_docs": 100}
         assert h.code("register", {**reg, "info": honest}) == "welcome"
         assert thread.is_alive() and "w1" in master.workers
@@ -521,6 +526,10 @@ def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() 
     assert not first.meta["final"]
     up = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
     server.check_update(up)
+    server.check_claims(up, 15)
+    # Counts past the update's documents: each centre is weighed by its count (eq. 16).
+    with pytest.raises(ProtocolError, match="counts sum to 3000, more than the update's 15"):
+        server.check_claims({**up, "counts": np.full(k, 1000, np.float32)}, 15)
     head = {n: a for n, a in first.arrays.items() if n.startswith("head.")}
     with pytest.raises(ProtocolError, match="final round"):
         server.check_update({**up, **head})

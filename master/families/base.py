@@ -222,6 +222,11 @@ class ServerFamily(ABC):
         """Refuse an update whose arrays differ in name, shape or dtype, or are not finite."""
         check_arrays(arrays, {n: (a.shape, a.dtype) for n, a in self.global_.arrays.items()})
 
+    def check_claims(self, arrays: Mapping[str, np.ndarray], n_samples: int) -> None:
+        """Refuse a plain update whose arrays claim more than its ``n_samples`` (already
+        bounded by the registration) could give: a family that weighs by counts it receives
+        (FSTC's per-cluster counts) checks them here. By default nothing."""
+
     def simulation_baselines(self) -> dict[str, Any] | None:
         """Baselines only a simulated cluster allows, where the master can see all the data.
 

@@ -45,6 +45,11 @@ log = logging.getLogger("fedctl.master")
 MAX_CLUSTERS = 10_000
 
 
+#: A worker's counts are its documents' (soft) assignments, summing to its documents; float32
+#: sums may pass that by rounding.
+COUNT_SLACK = 1e-3
+
+
 def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -187,6 +192,14 @@ class FSTCServer(ServerFamily):
         if final != ("head.weight" in arrays) or (not final and len(arrays) > 2):
             raise ProtocolError("the model's arrays (head.*, encoder.*) come with the final "
                                 "round's update, and only then", code=errors.SHAPE)
+
+    def check_claims(self, arrays: Mapping[str, np.ndarray], n_samples: int) -> None:
+        # Eq. 16 weighs each centre by its count: 3,000 claimed by a worker of 10 documents
+        # pulled every centre onto its own vector, round after round, under the outlier screen.
+        total = float(np.asarray(arrays[COUNTS], dtype=np.float64).sum())
+        if total > n_samples * (1 + COUNT_SLACK):
+            raise ProtocolError(f"counts sum to {total:.6g}, more than the update's "
+                                f"{n_samples} documents", code=errors.BAD_FIELD)
 
     @classmethod
     def secure_refusal(cls, params: Mapping[str, Any]) -> str | None:
