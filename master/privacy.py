@@ -82,8 +82,14 @@ class PrivacyLedger:
                 f"{target:g}: raise the noise_multiplier, or lower the batch size or the local "
                 f"epochs")
 
-    def record(self, metrics: Mapping[str, Mapping[str, Any]], version: int) -> dict[str, Any]:
-        """Take a round's worker metrics; the fields its ``round`` event carries."""
+    def record(self, metrics: Mapping[str, Mapping[str, Any]], version: int,
+               sizes: Mapping[str, tuple[int, int, int]] | None = None) -> dict[str, Any]:
+        """Take a round's worker metrics; the fields its ``round`` event carries. ``sizes``
+        (worker -> documents, batch size, local epochs) bounds the claims of workers the job
+        did not start with: one that joined late, or every one after a resume, was believed
+        whatever it claimed, and one claim ended the job for all."""
+        for wid, size in (sizes or {}).items():
+            self._sizes.setdefault(wid, size)
         for wid, m in metrics.items():
             if "epsilon" in m:
                 self.record_[wid] = float(m["epsilon"])

@@ -1010,7 +1010,11 @@ class Master:
         # checkpoint writer's): with the workers' own cpu_s, what a round costs the machine.
         cpu = time.process_time()
         r["cpu_s"], self._cpu_mark = cpu - self._cpu_mark, cpu
-        r.update(self.privacy.record(rnd.metrics, self.version))
+        params = getattr(self.family, "params", None)
+        batch, epochs = getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1)
+        r.update(self.privacy.record(rnd.metrics, self.version, {
+            w: (self.workers[w].n_samples, batch, epochs) for w in rnd.metrics
+            if w in self.workers}))
         log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
                  "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
                  r["slowest_train_s"], 1000 * r["overhead_s"],

@@ -244,7 +244,7 @@ def test_a_claimed_epsilon_no_honest_worker_could_reach_does_not_end_the_job() -
     from common.privacy.dp import epsilon, sgd_sample_rate, sgd_steps_per_round
     from master.privacy import PrivacyLedger
 
-    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 50,
+    cfg = parse_config({"workers": ["w1", "w2", "w3"], "rounds": 50,
                         "privacy": {"dp_sgd": {"noise_multiplier": 1.0},
                                     "target_epsilon": 8.0}}, "<test>")
     ledger = PrivacyLedger(cfg.privacy, cfg.client_fraction)
@@ -257,6 +257,11 @@ def test_a_claimed_epsilon_no_honest_worker_could_reach_does_not_end_the_job() -
 
     ledger.record({"w1": {"epsilon": honest(1), "epsilon_next": 1e12},
                    "w2": {"epsilon": honest(1), "epsilon_next": honest(2)}}, 1)
+    assert not ledger.must_stop(1)
+    # A worker the job did not start with (joined late; any, after a resume) is bounded by the
+    # sizes the master gives with its metrics: it was believed, and ended the job in round 2.
+    ledger.record({"w3": {"epsilon": honest(1), "epsilon_next": 1e6}}, 1,
+                  {"w3": (n, batch, epochs)})
     assert not ledger.must_stop(1)
     rounds = next(r for r in range(2, 1000) if honest(r + 1) > 8.0)
     ledger.record({w: {"epsilon": honest(rounds), "epsilon_next": honest(rounds + 1)}
