@@ -101,9 +101,13 @@ REQUEST_RATE = 500.0
 #: Fair service: requests one identity may send at once before its rate applies.
 REQUEST_BURST = 1000
 
-#: An identity that registers again sooner than this after its last registration is refused
-#: (a registration is the one request with a large header).
+#: An identity that registers again sooner than this after its last registration of over
+#: LARGE_REGISTER_BYTES is refused (`busy`; a worker tries again every second for 10 s).
 REGISTER_INTERVAL = 5.0
+#: A registration header past this (a topic family's vocabulary; an MLP's is under 4 kB) is
+#: decoded at most once per REGISTER_INTERVAL a key: one of 218 kB costs the master some 4 ms
+#: to decode, and a flood of them from one key, under REQUEST_RATE, starved the others.
+LARGE_REGISTER_BYTES = 16 * 1024
 #: A registration repeated sooner than this after the last is logged at debug level and not
 #: as a `register` event (a restarted process takes longer to come back).
 REREGISTER_QUIET_S = 1.0

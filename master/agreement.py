@@ -20,6 +20,26 @@ from common.config import ClusterConfig, ConfigError, build_params, job_terms
 SHOWN = 3
 
 
+#: The most nodes (maps, lists and values) a worker's job may hold: a few dozen is what
+#: job_terms gives; a plug-in's model section may add some.
+MAX_JOB_NODES = 2000
+
+
+def _within(tree: Any, limit: int) -> bool:
+    """Whether ``tree`` holds at most ``limit`` nodes; the walk stops at the limit."""
+    todo, seen = [tree], 0
+    while todo:
+        node = todo.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(node, Mapping):
+            todo.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            todo.extend(node)
+    return True
+
+
 def _flat(tree: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
     """``{"model.hidden": 16, ...}``; a deep or odd tree (a hostile one) is cut at depth 4."""
     if isinstance(tree, Mapping) and depth < 4:
@@ -57,6 +77,10 @@ def job_differences(cfg: ClusterConfig, family: Any, theirs: Any, there: str = "
     """
     if not isinstance(theirs, Mapping):
         return [f"job: expected a mapping, got {type(theirs).__name__}"]
+    if not _within(theirs, MAX_JOB_NODES):
+        # Compared whole, a job of 65,536 terms took the master 60-90 ms a registration: a
+        # flood of them, from one admitted key, starved the honest workers' requests.
+        return [f"job: more than {MAX_JOB_NODES} terms (a job has a few dozen)"]
     ours = job_terms(cfg)
     mine_model, their_model = ours.pop("model"), theirs.get("model")
     found = []

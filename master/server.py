@@ -255,7 +255,7 @@ class Master:
         if identity is not None and not self._rates.allow(identity):
             return self._refuse(errors.BUSY, "too many requests: slow down", identity)
         if (identity is not None and bytes(frames[0].buffer) == M.REGISTER.encode()
-                and len(frames) > 1 and len(frames[1]) > C.MAX_REQUEST_HEADER_BYTES):
+                and len(frames) > 1 and len(frames[1]) > C.LARGE_REGISTER_BYTES):
             # The one request whose header may be large: that is decoded once per
             # REGISTER_INTERVAL a key (a small one costs no more than any other request).
             now = time.monotonic()

@@ -27,6 +27,7 @@ import pytest
 import yaml
 import zmq
 
+from common import constants as C
 from common.config import load_config
 from common.data.shards import local_data
 from common.net.security import keygen
@@ -116,6 +117,9 @@ class Attack:
             [b"register", nested_lists_header(16 * 2**20 - 64)], timeout=15))
         c["register, newline in device"] = h.code("register", {
             "worker_id": "w1", **reg, "device": "cpu\nFORGED master line"})
+        # A large registration is read once per REGISTER_INTERVAL a key (the 16 MiB one just
+        # now counts): this one, sooner, would be refused `busy` before it is read.
+        time.sleep(C.REGISTER_INTERVAL)
         c["register, 10,000 classes"] = h.code("register", {
             "worker_id": "w1", **reg, "info": {"input_dim": 384,
                                               "classes": [f"class-{i:014d}" for i in
@@ -339,12 +343,34 @@ def test_vocabulary_counts_no_documents_could_give_are_refused(
                       ) == "bad_field"
         # Counts a billion documents could give, from a worker that registered 100: its made-up
         # words were the agreed vocabulary's first.
-        made_up = {f"zq{i}": [10**12, 10**9] for i in range(2000)}
+        made_up = {f"zq{i}": [10**12, 10**9] for i in range(300)}
         assert h.code("register", {**reg, "info": {"vocabulary": made_up, "n_docs": 10**9}}
                       ) == "bad_field"
         honest = {"vocabulary": {"train": [30, 20], "station": [12, 10]}, "n_docs": 100}
         assert h.code("register", {**reg, "info": honest}) == "welcome"
         assert thread.is_alive() and "w1" in master.workers
+
+
+def test_a_job_of_thousands_of_terms_is_refused_unread(tmp_path: Path,
+                                                       make_config: MakeConfig) -> None:
+    """Compared whole, a registration's job of 65,536 terms (218 kB) cost the master 60-90 ms:
+    a flood of them from one admitted key starved the honest workers. It is refused at the
+    2,000th term."""
+    from master.agreement import MAX_JOB_NODES
+
+    config = _config(make_config, tmp_path)
+
+    def tree(depth: int) -> Any:
+        return 0 if depth == 0 else {f"k{i}": tree(depth - 1) for i in range(16)}
+
+    with _serving(config) as (master, thread, client):
+        h = client("w1")
+        reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu", "info": HONEST_INFO}
+        reply = h.request("register", {**reg, "job": {"model": tree(3)}})
+        assert reply is not None and reply["kind"] == "error", reply
+        assert reply["body"]["code"] == "rejected", reply
+        assert f"more than {MAX_JOB_NODES} terms" in reply["body"]["message"], reply
+        assert h.code("register", reg) == "welcome" and thread.is_alive()
 
 
 @pytest.mark.parametrize("how", ["abstains", "is_screened_out"])
