@@ -320,7 +320,7 @@ def load_model(run: str | Path | Run, device: str = "cpu") -> TrainedModel:
     from common.data.embedding import DataError, resolve_device
 
     try:  # "cuda" on a machine without one: one line, not torch's AssertionError
-        device = resolve_device(device)
+        device = resolve_device(str(device))  # (a torch.device too)
     except DataError as exc:
         raise ModelError(f"device: {exc}") from None
     run = run if isinstance(run, Run) else load_run(run)

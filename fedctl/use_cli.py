@@ -177,7 +177,7 @@ def runs_cmd(folder: str) -> None:
     from fedctl.runs import list_runs
 
     root = Path(folder)
-    if not root.exists() and folder != "runs":  # (no runs/ yet is no runs, below)
+    if not root.exists() and root != Path("runs"):  # (no runs/ yet is no runs, below)
         fail(FileNotFoundError(f"{folder}: no such folder"))
     found = list_runs(root)  # a damaged run is listed as such, not a traceback
     if not found:

@@ -54,6 +54,9 @@ class RoundState:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # participants whose update was refused
     left_out: set[str] = field(default_factory=set)  # updates taken, then screened out
+    #: Participants fixed by the family (a later round of a step that spans several): one of
+    #: them missing, or left out, makes the step start again.
+    mid_step: bool = False
     bytes_in: int = 0
     broadcast_bytes: int = 0
     publish_time: float = 0.0

@@ -349,12 +349,17 @@ class Master:
             if differences:
                 raise ProtocolError(refusal(wid, differences), code=errors.REJECTED)
         self.family.check_info(b["info"])
-        n_docs = b["info"].get("n_docs")  # (the families that merge a vocabulary say it)
-        if isinstance(n_docs, int) and n_docs > b["n_samples"]:
-            # Word counts are bounded by the documents declared; unbounded by the documents
-            # registered, 10 documents passed for 10^9 and put 2,000 made-up words first.
-            raise ProtocolError(f"register.info.n_docs: {n_docs} documents, more than the "
-                                f"{b['n_samples']} registered (n_samples)", code=errors.BAD_FIELD)
+        # Counts of documents a family's info declares (checked by its check_info) may not pass
+        # the documents registered: unbounded, 10 documents passed for 10^9 and put 2,000
+        # made-up words first in the vocabulary; FSTC's k-FED start weighs centres by counts.
+        counts = b["info"].get("counts")  # FSTC
+        declared = {"n_docs": b["info"].get("n_docs"),  # the families that merge a vocabulary
+                    "counts": sum(counts) if isinstance(counts, list) else None}
+        for what, n in declared.items():
+            if isinstance(n, (int, float)) and n > b["n_samples"]:
+                raise ProtocolError(f"register.info.{what}: {n:g} documents, more than the "
+                                    f"{b['n_samples']} registered (n_samples)",
+                                    code=errors.BAD_FIELD)
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
@@ -683,7 +688,8 @@ class Master:
     def _start_round(self, now: float) -> None:
         fixed = self.family.participants()  # a step of several rounds keeps its workers
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
-                         self.roster.sample() if fixed is None else fixed)
+                         self.roster.sample() if fixed is None else fixed,
+                         mid_step=fixed is not None)
         self.open = rnd
         if self.cfg.privacy.secure_aggregation is not None:
             self._start_secure(rnd, attempt=1)
@@ -780,10 +786,11 @@ class Master:
         if stepped:  # a step completed: its workers' past abstentions are forgiven
             for wid in rnd.results:
                 self._abstained.pop(wid, None)
-        else:
-            # An update screened out of a step of several rounds makes it start again, as an
-            # abstention does: counted alike, else one member's outlier every step kept the job
-            # from ever stepping (where a step completes without it, leaving it out is enough).
+        elif rnd.mid_step:
+            # An update screened out of a later round of a step of several makes the step start
+            # again, as an abstention does: counted alike, else one member's outlier every step
+            # kept the job from ever stepping. (Out of a step's first round, or of a round of
+            # one, the step goes on without it: leaving it out is enough.)
             for wid in sorted(rnd.left_out):
                 self._abstained[wid] += 1
                 if self._abstained[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:

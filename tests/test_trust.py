@@ -527,6 +527,50 @@ def test_sync_batch_norm_uploads_are_checked_for_their_form() -> None:
     assert checked
 
 
+def test_fstc_start_counts_past_the_registered_documents_are_refused(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """The k-FED start weighs each worker's centres by its counts: a worker of 100 documents
+    claiming 3,000 would pull the start onto its own centres."""
+    config = _config(make_config, tmp_path, model={"family": "fstc", "n_clusters": 3})
+    with _serving(config) as (master, thread, client):
+        h = client("w1")
+        reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu"}
+        centers = np.random.default_rng(0).normal(size=(3, 384)).tolist()
+        info = {"n_clusters": 3, "dim": 384, "centers": centers}
+        reply = h.request("register", {**reg, "info": {**info, "counts": [1000] * 3}})
+        assert reply is not None and reply["body"]["code"] == "bad_field", reply
+        assert "register.info.counts: 3000 documents" in reply["body"]["message"]
+        assert h.code("register", {**reg, "info": {**info, "counts": [40, 30, 30]}}
+                      ) == "welcome" and thread.is_alive()
+
+
+def test_fstc_counts_weigh_no_more_than_their_capped_samples() -> None:
+    """Eq. 16 weighs each centre by its count: counts past a result's n_samples (lowered by
+    max_weight_fraction, or inflated at registration) are scaled down to it, so that the weight
+    caps hold for FSTC's centres too."""
+    from common.config import parse_config
+    from master.families.fstc import FSTCServer
+    from master.strategies import ClientResult, make_strategy
+
+    k, dim = 3, 4
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 3,
+                        "model": {"family": "fstc", "n_clusters": k}}, "<test>")
+    rng = np.random.default_rng(1)
+    info = {"n_clusters": k, "dim": dim, "centers": rng.normal(size=(k, dim)).tolist(),
+            "counts": [5, 5, 5]}
+
+    def centres(counts: float) -> np.ndarray:
+        server = FSTCServer(cfg, make_strategy("fedavg"))
+        first = server.setup({"w1": info, "w2": info})
+        honest = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
+        far = {"centers": first.arrays["centers"] + 10, "counts": np.full(k, counts,
+                                                                         np.float32)}
+        return server.aggregate(1, [ClientResult("w1", honest, 15),
+                                    ClientResult("w2", far, 15)]).arrays["centers"]
+
+    assert np.allclose(centres(1000), centres(5))  # as if it had claimed its 15 documents
+
+
 def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() -> None:
     """Bytes in a registration's centres (numpy reads b"1" as 1.0) are refused: they would
     stop every later checkpoint, which writes registrations as JSON. A head sent before the

@@ -50,6 +50,17 @@ MAX_CLUSTERS = 10_000
 COUNT_SLACK = 1e-3
 
 
+def _counts_within(result: ClientResult) -> np.ndarray:
+    """A result's counts, scaled down to sum to its ``n_samples`` where that is less: the
+    weight caps (``max_weight_fraction``) lower ``n_samples``, and eq. 16 weighs each centre
+    by its count, so unscaled counts would escape the cap."""
+    counts = result.arrays[COUNTS]
+    total = float(np.asarray(counts, dtype=np.float64).sum())
+    if total <= result.n_samples:
+        return counts  # as it came (an honest worker's: its documents' count exactly)
+    return (counts * (result.n_samples / total)).astype(counts.dtype)
+
+
 def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -222,7 +233,7 @@ class FSTCServer(ServerFamily):
         """Eq. 16 for the centres; the sample-weighted average of the models that came with
         the final round's updates."""
         centers = aggregate_centers([r.arrays[CENTERS] for r in results],
-                                    [r.arrays[COUNTS] for r in results],
+                                    [_counts_within(r) for r in results],
                                     previous=self.global_.arrays[CENTERS])
         arrays: dict[str, np.ndarray] = {CENTERS: centers}
         with_model = [r for r in results if "head.weight" in r.arrays]
