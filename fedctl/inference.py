@@ -52,6 +52,11 @@ def _texts(texts: Any) -> list[str]:
     return texts
 
 
+def _known(bow: Any) -> np.ndarray:
+    """Each document's count of known words, from its counts over the vocabulary."""
+    return np.asarray(bow.sum(axis=1)).ravel().astype(int)
+
+
 def _is_features(x: Any) -> bool:
     """A numeric array is features; an array of strings (``np.array(texts)``) is texts."""
     return isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
@@ -250,11 +255,16 @@ class TopicModel(TrainedModel):
         if _is_features(texts):
             raise ModelError("a topic model reads texts, not features")
         texts = _texts(texts)
+        return self._transform(texts, bow_matrix(texts, self.vocabulary_), progress)
+
+    def _transform(self, texts: list[str], bow: Any, progress: bool) -> np.ndarray:
+        """:meth:`transform` of ``texts``, whose counts over the vocabulary ``bow`` are made
+        once (predict and records count the known words from it too)."""
         if self.family == "nmf":
-            return np.asarray(self.model_.transform(bow_matrix(texts, self.vocabulary_)))
+            return np.asarray(self.model_.transform(bow))
         if self.family in ("prodlda", "combinedtm"):
             ctx = self.features(texts, progress) if self.contextual_size else None
-            return np.asarray(self.model_.transform(bow_matrix(texts, self.vocabulary_), ctx))
+            return np.asarray(self.model_.transform(bow, ctx))
         from common.models.lda_mh import corpus_from_texts, fold_in
         p = self.lda_params
         return fold_in(self.topic_word_, corpus_from_texts(texts, self.vocabulary_), p.alpha,
@@ -263,15 +273,22 @@ class TopicModel(TrainedModel):
     def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         """Each document's most weighted topic; -1 for a document with no word of the
         model's vocabulary (empty, another language), which no topic describes."""
-        texts = _texts(texts)
-        topic = self.transform(texts, progress).argmax(axis=1)
-        topic[~self._placed(self.known_words(texts))] = -1
+        theta, known = self._read(texts, progress)
+        topic = theta.argmax(axis=1)
+        topic[~self._placed(known)] = -1
         return topic
 
     def known_words(self, texts: Sequence[str]) -> np.ndarray:
         """How many of each document's words are in the model's vocabulary."""
+        return _known(bow_matrix(_texts(texts), self.vocabulary_))
+
+    def _read(self, texts: Sequence[str], progress: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``transform(texts)`` and ``known_words(texts)``, the texts counted once."""
+        if _is_features(texts):
+            raise ModelError("a topic model reads texts, not features")
         texts = _texts(texts)
-        return np.asarray(bow_matrix(texts, self.vocabulary_).sum(axis=1)).ravel().astype(int)
+        bow = bow_matrix(texts, self.vocabulary_)
+        return self._transform(texts, bow, progress), _known(bow)
 
     def _placed(self, known: np.ndarray) -> np.ndarray:
         """Which documents the model can place: those with a known word; every one for
@@ -280,9 +297,7 @@ class TopicModel(TrainedModel):
             else known > 0
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
-        texts = _texts(texts)
-        theta = self.transform(texts, progress)
-        known = self.known_words(texts)
+        theta, known = self._read(texts, progress)
         heads = self.get_topics(5)
         out = []
         for row, n, placed in zip(theta, known, self._placed(known), strict=True):

@@ -349,17 +349,11 @@ class Master:
             if differences:
                 raise ProtocolError(refusal(wid, differences), code=errors.REJECTED)
         self.family.check_info(b["info"])
-        # Counts of documents a family's info declares (checked by its check_info) may not pass
-        # the documents registered: unbounded, 10 documents passed for 10^9 and put 2,000
-        # made-up words first in the vocabulary; FSTC's k-FED start weighs centres by counts.
-        counts = b["info"].get("counts")  # FSTC
-        declared = {"n_docs": b["info"].get("n_docs"),  # the families that merge a vocabulary
-                    "counts": sum(counts) if isinstance(counts, list) else None}
-        for what, n in declared.items():
-            if isinstance(n, (int, float)) and n > b["n_samples"]:
-                raise ProtocolError(f"register.info.{what}: {n:g} documents, more than the "
-                                    f"{b['n_samples']} registered (n_samples)",
-                                    code=errors.BAD_FIELD)
+        declared = self.family.declared_documents(b["info"])
+        if declared is not None and declared[1] > b["n_samples"]:
+            raise ProtocolError(f"register.info.{declared[0]}: {declared[1]:g} documents, more "
+                                f"than the {b['n_samples']} registered (n_samples)",
+                                code=errors.BAD_FIELD)
         if self.phase != JOINING:
             self.family.admit(wid, b["info"])
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
@@ -586,10 +580,8 @@ class Master:
             return
         if not self._setup_family():
             return
-        params = getattr(self.family, "params", None)
         why = self.privacy.first_round_refusal(
-            {w: s.n_samples for w, s in self.workers.items()},
-            getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1))
+            {w: s.n_samples for w, s in self.workers.items()}, *self._batching())
         if why is not None:
             self._fail(why)
             return
@@ -915,6 +907,12 @@ class Master:
                            time=time.time())
         return True
 
+    def _batching(self) -> tuple[int, int]:
+        """The family's batch size and local epochs (1 where it has none): with a worker's
+        documents, what its DP-SGD accountant's ε follows from."""
+        params = getattr(self.family, "params", None)
+        return getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1)
+
     def _leave_out(self, rnd: RoundState, worker_id: str, why: str) -> None:
         rnd.left_out.add(worker_id)
         rnd.results.pop(worker_id, None)
@@ -1017,11 +1015,11 @@ class Master:
         # checkpoint writer's): with the workers' own cpu_s, what a round costs the machine.
         cpu = time.process_time()
         r["cpu_s"], self._cpu_mark = cpu - self._cpu_mark, cpu
-        params = getattr(self.family, "params", None)
-        batch, epochs = getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1)
-        r.update(self.privacy.record(rnd.metrics, self.version, {
-            w: (self.workers[w].n_samples, batch, epochs) for w in rnd.metrics
-            if w in self.workers}))
+        sizes = None
+        if self.cfg.privacy.dp_sgd is not None:  # (only DP-SGD's claims are bounded by them)
+            sizes = {w: (self.workers[w].n_samples, *self._batching()) for w in rnd.metrics
+                     if w in self.workers}
+        r.update(self.privacy.record(rnd.metrics, self.version, sizes))
         log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
                  "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
                  r["slowest_train_s"], 1000 * r["overhead_s"],

@@ -125,6 +125,12 @@ class ServerFamily(ABC):
         """Check a registration's ``info`` before it is accepted; raise ProtocolError
         (``bad_field``) for one :meth:`setup` could not use."""
 
+    def declared_documents(self, info: Mapping[str, Any]) -> tuple[str, float] | None:
+        """The documents a registration's ``info`` (already checked) says it counted, as
+        ``(field, count)``, or None (the default): the master refuses a count past the
+        registration's ``n_samples``, which bounds everything else a worker claims."""
+        return None
+
     def check_shards(self, shards: Mapping[str, LocalData]) -> None:
         """``fedctl check`` / ``fedctl run``, before anything starts: raise ConfigError (one
         line naming the field) for workers' data this family cannot train on (e.g. no word

@@ -204,6 +204,9 @@ class FSTCServer(ServerFamily):
             raise ProtocolError("the model's arrays (head.*, encoder.*) come with the final "
                                 "round's update, and only then", code=errors.SHAPE)
 
+    def declared_documents(self, info: Mapping[str, Any]) -> tuple[str, float] | None:
+        return "counts", sum(info["counts"])  # the k-FED start weighs centres by them
+
     def check_claims(self, arrays: Mapping[str, np.ndarray], n_samples: int) -> None:
         # Eq. 16 weighs each centre by its count: 3,000 claimed by a worker of 10 documents
         # pulled every centre onto its own vector, round after round, under the outlier screen.

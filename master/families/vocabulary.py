@@ -76,6 +76,11 @@ class VocabularyServer(ServerFamily):
     def check_info(self, info: Mapping[str, Any]) -> None:
         check_vocabulary_info(info)
 
+    def declared_documents(self, info: Mapping[str, Any]) -> tuple[str, float] | None:
+        # The word counts are bounded by n_docs: 10 documents passed for 10^9 put 2,000
+        # made-up words first in the agreed vocabulary.
+        return "n_docs", info["n_docs"]
+
     def check_shards(self, shards: Mapping[str, LocalData]) -> None:
         """The merge the setup will do, on the workers' training texts: an agreed vocabulary
         that is empty is a one-line error naming ``model.min_df``."""
