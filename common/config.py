@@ -153,6 +153,7 @@ class ClusterConfig:
     worker_snapshots: bool = True
     max_weight_fraction: float | None = None
     max_message_mb: float = C.MAX_MESSAGE_BYTES / 1024**2
+    memory_limit_mb: float | None = None  # None: master/memory.default_limit()
     output_dir: str = "runs/latest"
     baselines: bool = True
     seed: int = 0
@@ -232,6 +233,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
            "round_deadline", "join_timeout", "data", "security", "tracking", "compression",
            "heartbeat_timeout", "report_timeout", "eval_every", "checkpoint_every",
            "checkpoint_budget", "worker_snapshots", "max_weight_fraction", "max_message_mb",
+           "memory_limit_mb",
            "output_dir", "privacy",
            "baselines", "seed"}
     _check_keys(raw, top, f"{src}: ")
@@ -311,6 +313,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("max_weight_fraction", lambda v: v is None or (_num(v) and 0 < v <= 1),
          "a fraction in (0, 1], or null for none"),
         ("max_message_mb", lambda v: _num(v) and 0 < v <= 4096, "a size in MiB, 0-4096"),
+        ("memory_limit_mb", lambda v: v is None or (_num(v) and v > 0),
+         "a size in MiB > 0, or null for the default"),
         ("baselines", lambda v: isinstance(v, bool), "true or false"),
         ("worker_snapshots", lambda v: isinstance(v, bool), "true or false"),
         ("output_dir", lambda v: isinstance(v, str) and v, "a path"),

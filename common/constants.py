@@ -27,9 +27,20 @@ MAX_REQUEST_HEADER_BYTES = 256 * 1024
 MAX_HEADER_CONTAINERS = 310_000  # a 300,000-word vocabulary registers in one header
 
 #: Largest message the master's REP socket accepts, in bytes: every frame is bounded by it
-#: before it is read (ZMQ_MAXMSGSIZE: the peer is cut off), and the whole message after it is.
+#: before it is read (ZMQ_MAXMSGSIZE: the peer is cut off), and the whole message after it is
+#: (libzmq bounds no message's number of frames: MEMORY_LIMIT_SHARE bounds what they hold).
 #: ``max_message_mb`` in cluster.yaml overrides it for models larger than this.
 MAX_MESSAGE_BYTES = 256 * 1024**2
+
+#: The master's memory ceiling (master/memory.py), where ``memory_limit_mb`` is not set: its
+#: memory at start plus this share of what the machine then has available. ZeroMQ holds every
+#: frame of a request before the master can read it; past the ceiling the master drops its REP
+#: connections and the requests queued on them.
+MEMORY_LIMIT_SHARE = 0.5
+#: Seconds between two reads of the master's resident memory while it waits on requests.
+MEMORY_CHECK_INTERVAL = 0.05
+#: Longest wait for a closed REP socket's queues to be freed (libzmq's own thread frees them).
+MEMORY_SETTLE_S = 2.0
 
 #: Most arrays one message may carry.
 MAX_ARRAYS = 1024
@@ -139,7 +150,9 @@ MAX_METRIC = 1e12
 #: ZeroMQ high-water marks: bound the queues so a slow peer cannot exhaust memory.
 PUB_SNDHWM = 64
 SUB_RCVHWM = 64
-REP_RCVHWM = 64
+#: An honest peer (a REQ socket) has one request in flight a connection: more queued on one
+#: connection are a pipelining DEALER's, each up to ``max_message_mb``.
+REP_RCVHWM = 4
 
 #: Socket linger on close, in milliseconds: a closing socket drops unsent messages after this.
 LINGER_MS = 1000

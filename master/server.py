@@ -43,6 +43,7 @@ from master.agreement import job_differences, listed, refusal
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
 from master.families.base import check_arrays
+from master.memory import MemoryCeiling, default_limit
 from master.outputs import write_config, write_model, write_results
 from master.privacy import PrivacyLedger
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
@@ -138,6 +139,8 @@ class Master:
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
+        self._rep_setup = None
+        self._memory = MemoryCeiling(None)  # set at bind()
         self._auth = None
         self._checkpoints = CheckpointWriter(self.out, self.metrics, cfg.checkpoint_budget)
         self.privacy = PrivacyLedger(cfg.privacy, cfg.client_fraction)
@@ -160,6 +163,7 @@ class Master:
                         "ports can talk to the master (run `fedctl keygen` and set "
                         "security.keys_dir)", "" if self.cfg.security.explicit else
                         " (no security section)")
+        self._rep_setup = setup
         for attr, endpoint, key in (("pub", m.pub_bind, "pub_port"), ("rep", m.rep_bind,
                                                                        "rep_port")):
             try:
@@ -169,6 +173,9 @@ class Master:
                 self.close()
                 raise OSError(f"cannot bind {endpoint} (master.{key}): {exc.strerror}") from None
             setattr(self, attr, sock)
+        limit = (default_limit() if self.cfg.memory_limit_mb is None
+                 else int(self.cfg.memory_limit_mb * 1024**2))
+        self._memory = MemoryCeiling(limit)
         log.info("master %s: PUB %s, REP %s, %s with %s, %d round(s), waiting for %s",
                  self.run_id, m.pub_bind, m.rep_bind, self.cfg.family, self.family.strategy.name,
                  self.cfg.rounds, ", ".join(sorted(self._expected)) or
@@ -215,6 +222,37 @@ class Master:
                 served += 1
         self._advance(time.monotonic())
         self._notice_secure_stage()
+        if (rss := self._memory.over()) is not None:
+            self._drop_connections(rss)
+
+    def _drop_connections(self, rss: int) -> None:
+        """Past the memory ceiling (master/memory.py): close the REP socket, with every
+        connection's queued requests and the one being received, and bind it again."""
+        limit = self._memory.limit
+        self.rep.close(linger=0)
+        after = self._memory.settle()
+        deadline = time.monotonic() + C.MEMORY_SETTLE_S
+        while True:  # libzmq closes the old listener on its own thread: the port frees soon
+            try:
+                self.rep = bind_rep(self.ctx, self.cfg.master.rep_bind, self.max_message_bytes,
+                                    setup=self._rep_setup)
+                break
+            except zmq.ZMQError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+        mib = 1024**2
+        log.warning("memory: %d MiB resident, past memory_limit_mb (%d): dropped every "
+                    "connection to the REP port and the requests ZeroMQ held on them (a request "
+                    "is held whole before it can be read); %s MiB after, workers send again",
+                    rss // mib, limit // mib, "?" if after is None else after // mib)
+        self.metrics.write("connections_dropped", round=self.round, rss_mb=rss / mib,
+                           limit_mb=limit / mib, time=time.time())
+        if after is not None and after > limit:
+            self._memory.raise_to(after)
+            log.warning("memory: the master's own memory (%d MiB) is past memory_limit_mb; "
+                        "the ceiling is now %d MiB (set memory_limit_mb higher)",
+                        after // mib, self._memory.limit // mib)
 
     def _notice_secure_stage(self) -> None:
         """Tell the open secure round's workers on PUB that its stage changed: those waiting

@@ -240,6 +240,8 @@ def test_config_to_dict_roundtrip_keeps_positive_null(tmp_path):
         ("rounds: 2.5\n", "rounds"),
         ("checkpoint_budget: 0\n", "checkpoint_budget"),
         ("checkpoint_budget: 1.5\n", "checkpoint_budget"),
+        ("memory_limit_mb: 0\n", "memory_limit_mb"),
+        ("memory_limit_mb: lots\n", "memory_limit_mb"),
         ("rounds: true\n", "rounds"),
         ("min_workers: 0\n", "min_workers"),
         ("round_deadline: 0\n", "round_deadline"),

@@ -351,6 +351,64 @@ def test_vocabulary_counts_no_documents_could_give_are_refused(
         assert thread.is_alive() and "w1" in master.workers
 
 
+def test_one_request_of_many_frames_cannot_fill_the_masters_memory(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """ZMQ_MAXMSGSIZE bounds each frame, not their number, and libzmq holds a request whole
+    before the master can read it: one request of 60 frames of 64 MiB (3.75 GiB, each frame
+    under max_message_mb) grew the master by as much. Past memory_limit_mb the master drops
+    its REP connections, the queued requests with them, and the honest workers go on."""
+    limit_mb = 1024
+    config = _config(make_config, tmp_path, rounds=5, join_timeout=5,
+                     memory_limit_mb=limit_mb)
+    rep, pub, keys = _endpoints(config)
+    outcome: dict[str, Any] = {}
+
+    def attack() -> None:
+        ctx = zmq.Context()
+        try:
+            h = Hostile(ctx, rep, pub, keys, "w1", timeout=5)
+            wait_for(lambda: h.request("ping", {"worker_id": "w1"}), 60, "the master's REP")
+            big = np.zeros(64 * 2**20, dtype=np.uint8)
+            sock = h._secure(ctx.socket(zmq.DEALER))
+            sock.sndhwm = 0
+            sock.connect(rep)
+            sock.send_multipart([b"", *frames("update", {"worker_id": "w1"}),
+                                 *[big.data] * 60], copy=False)
+            outcome["reply"] = sock.poll(15_000) != 0
+            sock.close()
+            h.close()
+        except BaseException as exc:  # surfaced by the test
+            outcome["error"] = exc
+        finally:
+            ctx.destroy(linger=0)
+
+    summary, peak = _run(procs, config, attack)
+    assert "error" not in outcome, outcome
+    assert outcome == {"reply": False}, outcome
+    assert summary["rounds"] == 5 and not summary.get("failed"), summary
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    dropped = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+               if '"connections_dropped"' in line]
+    assert dropped and dropped[0]["limit_mb"] == limit_mb, dropped
+    assert peak < (limit_mb + 768) * 2**20, f"master peaked at {peak / 2**20:.0f} MiB"
+    assert "dropped every connection to the REP port" in procs.log("master")
+
+
+def test_a_memory_limit_below_the_masters_own_memory_is_raised_once(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """memory_limit_mb under what the master itself holds: it drops its connections once,
+    finds its memory still past the limit, raises the limit above it and serves on."""
+    config = _config(make_config, tmp_path, memory_limit_mb=1)
+    with _serving(config) as (master, thread, client):
+        h = client("w1")
+        wait_for(lambda: master._memory.limit > 2**20, 10, "the limit to be raised")
+        raised = master._memory.limit
+        assert h.code("ping", {"worker_id": "w1"}) == "unknown_worker"  # answered
+        time.sleep(0.5)  # ten more checks: none drops the connections again
+        assert master._memory.limit == raised and thread.is_alive()
+        assert h.code("ping", {"worker_id": "w1"}) == "unknown_worker"  # answered
+
+
 def test_a_job_of_thousands_of_terms_is_refused_unread(tmp_path: Path,
                                                        make_config: MakeConfig) -> None:
     """Compared whole, a registration's job of 65,536 terms (218 kB) cost the master 60-90 ms:
