@@ -78,9 +78,11 @@ def mlp_baselines(family: MLPServer) -> Baselines | None:
     cfg, p = family.cfg, family.params
     shards, train, test = _shards(cfg)
     first = next(iter(shards.values()))
-    X, y, n_classes = sentence_features(cfg, first.dataset), first.y, len(first.classes)
-    # The workers' class order comes from the pre-training exchange; map into it.
-    to_global = np.array([family.setup_info_["classes"].index(c) for c in first.classes])
+    # The workers' classes and their order come from the pre-training exchange (a member may
+    # have brought classes the data here does not hold); map into them.
+    classes = family.setup_info_["classes"]
+    X, y, n_classes = sentence_features(cfg, first.dataset), first.y, len(classes)
+    to_global = np.array([classes.index(c) for c in first.classes])
     y = to_global[y]
     epochs = cfg.rounds * p.local_epochs
     central = p.classifier(X.shape[1], n_classes, random_state=cfg.seed)

@@ -92,7 +92,8 @@ class PrivacyLedger:
             self._sizes.setdefault(wid, size)
         for wid, m in metrics.items():
             if "epsilon" in m:
-                self.record_[wid] = float(m["epsilon"])
+                # what the run's privacy statement reports: bounded as the claim that stops
+                self.record_[wid] = self._believable(wid, float(m["epsilon"]), version)
                 self.record_next_[wid] = self._believable(
                     wid, float(m.get("epsilon_next", m["epsilon"])), version + 1)
         out: dict[str, Any] = {}

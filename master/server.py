@@ -1069,11 +1069,16 @@ class Master:
         self._checkpoints.flush()  # every round's events are in the log before the summary
         write_model(self.out, self.family, self.cfg, self.round, self.version,
                     self.run_id)
+        trained = self.family.trained(self.version)
+        unit, count = next(iter(trained.items()))
         self.summary, table = write_results(
             self.out, self.family, {w: s.report for w, s in self.workers.items()},
             self.cfg.baselines,
             {"run_id": self.run_id, "rounds": self.round, "version": self.version,
-             "workers": sorted(self.workers), "trained": self.family.trained(self.version),
+             "workers": sorted(self.workers), "trained": trained,
+             # the run "completed" but changed nothing: not a success, for `fedctl runs` too
+             **({"failed": f"nothing was trained: 0 {unit} in {self.round} round(s)"}
+                if count == 0 else {}),
              "refused": self._refusals(), "excluded": dict(self.excluded),
              **({"privacy": self.privacy.summary(self.version)}
                 if self.cfg.privacy.any else {})},

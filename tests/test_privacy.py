@@ -263,6 +263,9 @@ def test_a_claimed_epsilon_no_honest_worker_could_reach_does_not_end_the_job() -
     ledger.record({"w3": {"epsilon": honest(1), "epsilon_next": 1e6}}, 1,
                   {"w3": (n, batch, epochs)})
     assert not ledger.must_stop(1)
+    # The ε the run states is bounded alike: a claim of 1e12 made the statement say 1e12.
+    stated = ledger.record({"w1": {"epsilon": 1e12, "epsilon_next": honest(2)}}, 1)
+    assert stated["epsilon"] == pytest.approx(honest(1)), stated
     rounds = next(r for r in range(2, 1000) if honest(r + 1) > 8.0)
     ledger.record({w: {"epsilon": honest(rounds), "epsilon_next": honest(rounds + 1)}
                    for w in ("w1", "w2")}, rounds)

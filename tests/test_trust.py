@@ -31,6 +31,7 @@ from common import constants as C
 from common.config import load_config
 from common.data.shards import local_data
 from common.net.security import keygen
+from common.net.wire import ProtocolError
 from master.server import Master
 from tests.conftest import MakeConfig, Procs, wait_for
 from tests.hostile import Hostile, RssWatch, frames, nested_lists_header
@@ -713,3 +714,49 @@ def test_registrations_repeated_at_the_request_rate_do_not_fill_the_log(
     out = Path(yaml.safe_load(config.read_text())["output_dir"])
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len([e for e in logged if e["event"] == "register"]) < 10
+
+
+def test_a_class_only_one_member_brought_does_not_break_the_baselines(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """A member that registered one class more than the data holds made the agreed model one
+    output wider than the simulation's baselines, and the master died at the end of the run
+    (state_dict size mismatch), with no table and no summary."""
+    from master.baselines import mlp_baselines
+    from master.families import make_server_family
+
+    cfg = load_config(_config(make_config, tmp_path, rounds=1))
+    family = make_server_family(cfg)
+    honest = {"input_dim": 384, "classes": local_data(cfg, "w2").classes}
+    family.setup({"w1": {**honest, "classes": [*honest["classes"], "zzz"]},
+                  "w2": honest, "w3": honest})
+    assert len(family.setup_info_["classes"]) == len(honest["classes"]) + 1
+    sim = mlp_baselines(family)
+    assert sim is not None and set(sim["centralized"]) == {"w1", "w2", "w3"}
+    assert all(math.isfinite(v) for s in sim["pooled"].values() for v in s.values())
+
+
+def test_registration_text_that_would_reach_terminals_or_trackers_is_refused() -> None:
+    """Vocabulary words with escapes or line breaks reached `fedctl topics` (a cleared screen,
+    forged topic lines); a metric name MLflow refuses ('a!b') stopped the run's tracking;
+    an FSTC k-FED centre of 1e100 (finite in float64) overflowed float32 and the master
+    published Inf to everyone."""
+    from common.config import parse_config
+    from common.net.messages import check_metrics
+    from master.families.fstc import FSTCServer
+    from master.families.vocabulary import check_vocabulary_info
+    from master.strategies import make_strategy
+
+    for word in ("\x1b[2Jclear", "fake\ntopic 99: injected", "two words", "\x07bell"):
+        with pytest.raises(ProtocolError, match="printable"):
+            check_vocabulary_info({"n_docs": 10, "vocabulary": {word: [1, 1]}})
+    check_vocabulary_info({"n_docs": 10, "vocabulary": {"économie": [2, 1]}})
+    for name in ("a!b", "w1/..", "a b", "-x", "x" * 65):
+        with pytest.raises(ProtocolError, match="metric names"):
+            check_metrics({name: 1.0}, "update.metrics")
+    check_metrics({"train_loss": 1.0, "heldout_ll_per_token": -3.0}, "update.metrics")
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 3,
+                        "model": {"family": "fstc", "n_clusters": 2}}, "<test>")
+    server = FSTCServer(cfg, make_strategy("fedavg"))
+    with pytest.raises(ProtocolError, match="coordinate"):
+        server.check_info({"n_clusters": 2, "dim": 3, "centers": [[1e100, 0.0, 0.0]],
+                           "counts": [1]})

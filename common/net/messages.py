@@ -6,6 +6,7 @@ written out for people in docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +69,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
 RESERVED_METRICS = frozenset({"event", "round", "worker", "n_samples", "bytes_out", "upload_s",
                               "time"})
 MAX_METRICS = 64
+#: A metric's name: what MLflow and TensorBoard both take as a tag under ``<worker>/`` (MLflow
+#: refuses '!' and path tricks, and one refused tag stopped its tracking for the whole run).
+METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 
 
 def check_metrics(metrics: Any, where: str) -> dict[str, float]:
@@ -82,9 +86,9 @@ def check_metrics(metrics: Any, where: str) -> dict[str, float]:
         raise ProtocolError(f"{where}: expected a map of at most {MAX_METRICS} numbers",
                             code=errors.BAD_FIELD)
     for k, v in metrics.items():
-        if not isinstance(k, str) or not 0 < len(k) <= 64 or not k.isprintable():
-            raise ProtocolError(f"{where}: metric names must be 1-64 printable characters",
-                                code=errors.BAD_FIELD)
+        if not isinstance(k, str) or not METRIC_NAME.fullmatch(k):
+            raise ProtocolError(f"{where}: metric names are 1-64 letters, digits, '_', '.' or "
+                                "'-', not starting with '.' or '-'", code=errors.BAD_FIELD)
         if k in RESERVED_METRICS:
             raise ProtocolError(f"{where}: metric name {k!r} is reserved", code=errors.BAD_FIELD)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (

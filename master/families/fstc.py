@@ -43,6 +43,9 @@ from master.strategies import ClientResult, Strategy
 log = logging.getLogger("fedctl.master")
 
 MAX_CLUSTERS = 10_000
+#: Largest magnitude of a k-FED centre's coordinate: sentence embeddings are under 1, and the
+#: nearest-centre head's bias, -|c|^2 / 2 tau, stays finite in float32 far beyond this.
+MAX_COORDINATE = 1e6
 
 
 #: A worker's counts are its documents' (soft) assignments, summing to its documents; float32
@@ -124,6 +127,9 @@ class FSTCServer(ServerFamily):
                                 code=errors.BAD_FIELD) from None
         if not np.isfinite(arr).all():
             raise ProtocolError("register.info.centers: NaN or Inf", code=errors.BAD_FIELD)
+        if np.abs(arr).max() > MAX_COORDINATE:
+            raise ProtocolError(f"register.info.centers: a coordinate past {MAX_COORDINATE:g}",
+                                code=errors.BAD_FIELD)
 
     def setup(self, registrations: Mapping[str, Mapping[str, Any]]) -> Payload:
         ks = {int(info["n_clusters"]) for info in registrations.values()}
@@ -141,9 +147,12 @@ class FSTCServer(ServerFamily):
             centers = self._pooled_kmeans(k)
         centers = centers.astype(np.float32)
         head = FSTCClusterer(k, temperature=self.params.temperature).init_from_centers(centers)
+        start = {CENTERS: centers, **head.get_arrays()}
+        if not all(np.isfinite(a).all() for a in start.values()):  # never published
+            raise ProtocolError("the k-FED start is not finite in float32",
+                                code=errors.REJECTED)
         self.setup_info_ = {"n_clusters": k, "dim": dim}
-        self.global_ = Payload({"final": self.cfg.rounds == 1},
-                               {CENTERS: centers, **head.get_arrays()})
+        self.global_ = Payload({"final": self.cfg.rounds == 1}, start)
         log.info("fstc: %d clusters of %d-d representations, %s start from %d worker(s), "
                  "variant %s", k, dim, self.params.init, len(registrations), self.params.variant)
         return self.global_

@@ -40,6 +40,11 @@ def check_vocabulary_info(info: Mapping[str, Any]) -> None:
                            for f in freqs)):
             raise ProtocolError(f"register.info.vocabulary[{str(word)[:40]!r}]: expected "
                                 "[term_freq, doc_freq], two counts", code=errors.BAD_FIELD)
+        if not word.isprintable() or any(ch.isspace() for ch in word):
+            # Words reach terminals (`fedctl topics`), logs and files: a tokenizer's words are
+            # one printable run; escapes and line breaks would forge or clear what users read.
+            raise ProtocolError(f"register.info.vocabulary[{word[:40]!r}]: a word is one run "
+                                "of printable characters", code=errors.BAD_FIELD)
         tf, df = freqs
         # Counts the declared documents could hold: a word is in at most n_docs of them, and
         # in each of those at most MAX_TERM_PER_DOC times.
