@@ -9,6 +9,8 @@ the target, which is atomic on POSIX.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+log = logging.getLogger("fedctl")
 
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_save_npy"]
 
@@ -121,3 +125,42 @@ def atomic_save_npy(path: str | Path, array: np.ndarray) -> None:
         The array to save.
     """
     atomic_write(path, lambda fh: np.save(fh, np.asarray(array), allow_pickle=False))
+
+
+def hold_lock(path: Path) -> int | None:
+    """Take an exclusive lock (flock) on ``path``, created if missing, for this process; returns
+    the descriptor to keep open while it holds (the system drops the lock when the process
+    ends, however it ends), or None on a file system without locks (logged).
+
+    Raises
+    ------
+    BlockingIOError
+        When another live open of the file holds it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError as exc:  # some network mounts
+        log.warning("%s: cannot be locked (%s): a second writer would not be refused", path,
+                    exc.strerror)
+    return fd
+
+
+def is_locked(path: Path) -> bool:
+    """Whether a live process holds ``path``'s lock (:func:`hold_lock`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False

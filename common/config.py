@@ -428,6 +428,15 @@ def job_terms(cfg: ClusterConfig) -> dict[str, Any]:
             "privacy": privacy, "compression": dict(cfg.compression)}
 
 
+def data_terms(cfg: ClusterConfig) -> dict[str, Any]:
+    """How this node's data is read and split among simulated workers: the file (resolved),
+    the split and the cap. A resumed master must agree with its checkpoint on them, or its
+    baselines are cut from other documents than the workers trained on."""
+    d = cfg.data
+    return {"path": str(Path(d.path).resolve()), "partition": d.partition, "alpha": d.alpha,
+            "proportions": d.proportions, "test_fraction": d.test_fraction, "limit": d.limit}
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key written twice in one mapping (PyYAML keeps the
     last silently: ``rounds: 5`` then ``rounds: 7`` would run 7 rounds without a word)."""

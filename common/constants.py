@@ -42,6 +42,11 @@ MEMORY_CHECK_INTERVAL = 0.05
 #: Longest wait for a closed REP socket's queues to be freed (libzmq's own thread frees them).
 MEMORY_SETTLE_S = 2.0
 
+#: The lock a master holds in its output folder while it writes there (common/atomic.hold_lock):
+#: a second master, or a `fedctl run` clearing what it takes for an earlier attempt's files, is
+#: refused while one of a killed `fedctl run` still writes.
+MASTER_LOCK = "master.lock"
+
 #: Most arrays one message may carry.
 MAX_ARRAYS = 1024
 #: Arrays named so belong to the aggregation strategy (SCAFFOLD's control variates), not the

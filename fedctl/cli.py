@@ -159,7 +159,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
         name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc)
         fail(RuntimeError(f"stopped by {name}"
                           + (f"; the checkpoint in {out} is kept: continue with `fedctl master "
-                             f"--resume`" if kept else "")),
+                             f"--config {out / 'cluster.yaml'} --resume`" if kept else "")),
              128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum))
     finally:
         if "server" in locals():

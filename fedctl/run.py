@@ -33,8 +33,9 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from common.atomic import atomic_write_bytes
+from common.atomic import atomic_write_bytes, is_locked
 from common.config import ClusterConfig, ConfigError, config_to_dict
+from common.constants import MASTER_LOCK
 from common.runlog import MetricsTail, read_metrics, round_cpu
 from fedctl.launch import LocalCluster, usable_cores
 
@@ -52,7 +53,7 @@ HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs
 RUN_FILES = frozenset({
     "cluster.yaml", "logs", "metrics.jsonl", "model.npz", "model.json", "summary.json",
     "comparison.md", "comparison.json", "checkpoint.npz", "curves.png", "FAILED", "master.prof",
-    "workers", "tensorboard", "mlruns"})
+    "workers", "tensorboard", "mlruns", MASTER_LOCK})
 #: An atomic write's temp file left by a killed run (common/atomic.py names them so).
 _TEMP = re.compile(r"^\..+\.tmp$")
 
@@ -166,6 +167,10 @@ def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
                         "refused", staging, exc.strerror)
         if any(staging.iterdir()) and not is_run_folder(staging):
             raise in_the_way
+        if is_locked(staging / MASTER_LOCK):  # a killed `fedctl run`'s master still writes
+            raise ConfigError(f"{cfg.source}: output_dir: a master is still writing into "
+                              f"{staging} (its `fedctl run` was killed); stop it, or choose "
+                              f"another --output")
         for leftover in staging.iterdir():  # an earlier attempt's, never a run
             if leftover.is_dir() and not leftover.is_symlink():
                 shutil.rmtree(leftover)

@@ -31,6 +31,10 @@ FILENAME = "checkpoint.npz"
 _META = "__meta__"
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be read back; the message names it (one line)."""
+
+
 @dataclass
 class Checkpoint:
     """The state of a job after a completed round.
@@ -89,16 +93,25 @@ class Checkpoint:
         path = Path(folder) / FILENAME
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no checkpoint to resume from")
-        with np.load(path, allow_pickle=False) as z:
-            parts: dict[str, dict[str, np.ndarray]] = {"global": {}, "strategy": {},
-                                                        "family": {}}
-            meta: dict[str, Any] = {}
-            for key in z.files:
-                if key == _META:
-                    meta = json.loads(z[key].tobytes().decode())
-                else:
-                    kind, _, name = key.partition("/")
-                    parts[kind][name] = z[key]
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                parts: dict[str, dict[str, np.ndarray]] = {"global": {}, "strategy": {},
+                                                            "family": {}}
+                meta: dict[str, Any] = {}
+                for key in z.files:
+                    if key == _META:
+                        meta = json.loads(z[key].tobytes().decode())
+                    else:
+                        kind, _, name = key.partition("/")
+                        parts[kind][name] = z[key]
+        except Exception as exc:  # cut short, overwritten, not a checkpoint: numpy's readers
+            # raise BadZipFile, EOFError, ValueError, KeyError, SyntaxError (a damaged header)
+            raise CheckpointError(
+                f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:120] or 'empty'}); "
+                f"it is written whole or not at all, so something else changed it: resume "
+                f"is not possible from it (start again, or restore it from a copy)") from None
+        if not meta:
+            raise CheckpointError(f"{path}: holds no checkpoint record: not a checkpoint")
         return cls(meta, parts["global"], parts["strategy"], parts["family"])
 
 

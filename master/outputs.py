@@ -117,3 +117,4 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
                **({"fstc_start_nmi": start_nmi} if start_nmi else {})}
     _write_json(out / "summary.json", summary)
     return summary, table
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import secrets
 import time
 from collections import Counter, defaultdict
@@ -19,7 +20,8 @@ from typing import Any
 import zmq
 
 from common import constants as C
-from common.config import ClusterConfig, job_terms
+from common.atomic import hold_lock
+from common.config import ClusterConfig, data_terms, job_terms
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.net import errors
 from common.net import messages as M
@@ -113,6 +115,12 @@ class Master:
         if resume:  # before anything is written there
             Checkpoint.check_resumable(self.out, cfg.rounds)
         self.out.mkdir(parents=True, exist_ok=True)
+        try:  # before anything is written there
+            self._lock = hold_lock(self.out / C.MASTER_LOCK)
+        except BlockingIOError:
+            raise RuntimeError(f"output_dir: another master is writing into {self.out} (its "
+                               f"process still runs); stop it, or choose another output_dir"
+                               ) from None
         self.metrics = MetricsLog(self.out / "metrics.jsonl",
                                   make_sinks(cfg.tracking, self.out, self.run_id)
                                   if cfg.tracking.enabled else ())
@@ -145,8 +153,15 @@ class Master:
         self._checkpoints = CheckpointWriter(self.out, self.metrics, cfg.checkpoint_budget)
         self.privacy = PrivacyLedger(cfg.privacy, cfg.client_fraction)
         self._terms = job_terms(cfg)  # kept in each checkpoint: a resume must agree with them
+        # ... and with how the master's own data was split (its baselines are cut from it)
+        self._data_terms = data_terms(cfg)
         if resume:
-            self._restore(Checkpoint.load(self.out))
+            try:
+                self._restore(Checkpoint.load(self.out))
+            except BaseException:  # refused: the folder is free again, and its log closed
+                self.close()
+                self.metrics.close()
+                raise
 
     # ------------------------------------------------------------------ lifecycle
     def bind(self) -> None:
@@ -200,6 +215,9 @@ class Master:
 
     def close(self) -> None:
         self._checkpoints.close()
+        if self._lock is not None:  # the output folder is free for a resume
+            os.close(self._lock)
+            self._lock = None
         for sock in (self.pub, self.rep):
             if sock is not None:
                 sock.close(linger=C.LINGER_MS)
@@ -383,7 +401,8 @@ class Master:
             raise ProtocolError(f"register: {wid} registered with {known.n_samples} samples, "
                                 f"not {b['n_samples']}", code=errors.REJECTED)
         if "job" in b:  # (a plug-in's worker may not say)
-            differences = job_differences(self.cfg, self.family, b["job"])
+            differences = job_differences(self.cfg, self.family, b["job"], there=f"on {wid}",
+                                          here="at the master")
             if differences:
                 raise ProtocolError(refusal(wid, differences), code=errors.REJECTED)
         self.family.check_info(b["info"])
@@ -998,6 +1017,7 @@ class Master:
             "version": self.version, "registrations": self.roster.registrations(),
             "rng_state": self.roster.rng.bit_generator.state, "family": self.cfg.family,
             "strategy": self.family.strategy.name, "terms": self._terms,
+            "data_terms": self._data_terms,
             # What summary.json tells of the members, which a resume must not forget (and an
             # excluded worker must stay excluded).
             "excluded": dict(self.excluded), "refused": self._refusals(),
@@ -1013,6 +1033,12 @@ class Master:
             if differences:  # the run would go on under one model and be saved as another
                 raise RuntimeError(f"--resume: the checkpoint's job is not {self.cfg.source}'s: "
                                    f"{listed(differences)}")
+        changed = [f"data.{k}: {m['data_terms'].get(k)!r} in the checkpoint, {v!r} in the "
+                   f"config" for k, v in self._data_terms.items()
+                   if "data_terms" in m and m["data_terms"].get(k) != v]
+        if changed:  # its baselines would be cut from other data than the workers trained on
+            raise RuntimeError(f"--resume: the checkpoint's data is not {self.cfg.source}'s: "
+                               f"{listed(changed)}")
         self.run_id = m["run_id"]
         self.version = int(m["version"])
         self.roster.restore(m["registrations"], m["rng_state"])

@@ -285,6 +285,34 @@ def test_a_second_run_into_the_same_folder_is_refused(make_config: MakeConfig,
         assert (staging / "cluster.yaml").read_text() == "the first run's\n"
     with _claimed(staging, config):  # free again: an earlier attempt's files are cleared
         assert not any(staging.iterdir())
+    # A `fedctl run` killed with -9 leaves its master running (a session of its own), and a
+    # second run deleted the files it was still writing: its lock in the folder says so.
+    import multiprocessing
+
+    from common.atomic import hold_lock
+    from common.constants import MASTER_LOCK
+
+    (staging / "metrics.jsonl").write_text("the orphan's\n")
+    held, release = multiprocessing.Event(), multiprocessing.Event()
+
+    def orphan() -> None:
+        hold_lock(staging / MASTER_LOCK)
+        held.set()
+        release.wait(30)
+
+    proc = multiprocessing.get_context("fork").Process(target=orphan, daemon=True)
+    proc.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(ConfigError, match="a master is still writing into"), \
+                _claimed(staging, config):
+            pass
+        assert (staging / "metrics.jsonl").read_text() == "the orphan's\n"
+    finally:
+        release.set()
+        proc.join(10)
+    with _claimed(staging, config):  # the orphan has ended: its files are leftovers
+        assert not any(staging.iterdir())
     theirs = tmp_path / "theirs.partial"
     (theirs / "a").mkdir(parents=True)
     with pytest.raises(ConfigError, match="is in the way"), _claimed(theirs, config):
@@ -523,8 +551,8 @@ def test_a_worker_whose_config_differs_is_refused_naming_each_difference(
     line, master_log = _worker_meets_master(tmp_path, master_cfg, drifted)
     assert line == (
         "Error: the master refused w1: rejected: w1's configuration differs from the "
-        "master's: data.positive: 'Athlete' there, 'MeanOfTransportation' here; "
-        "model.hidden: 32 there, 16 here")
+        "master's: data.positive: 'Athlete' on w1, 'MeanOfTransportation' at the master; "
+        "model.hidden: 32 on w1, 16 at the master")
     assert "registered w1" not in master_log
 
     from common.config import job_terms, load_config

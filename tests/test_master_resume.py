@@ -147,6 +147,37 @@ def test_resume_refuses_a_config_of_another_model(tmp_path: Path,
         Master(load_config(wider), resume=True)
 
 
+def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """A resume with another data.limit went on and cut its baselines from other documents
+    than the workers trained on; a damaged checkpoint gave a traceback (an empty one, a bare
+    "Aborted!"); two masters into one folder both ran and mixed their metrics."""
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(load_config(first).output_dir)
+    (out / "summary.json").unlink()  # as if the master had died before its end
+    other = make_config(tmp_path, rounds=4, name="other.yaml", data={"limit": 300})
+    with pytest.raises(RuntimeError, match=r"--resume: the checkpoint's data is not .*"
+                                           r"data\.limit: 600 in the checkpoint, 300 in the "
+                                           r"config"):
+        Master(load_config(other), resume=True)
+    same = load_config(make_config(tmp_path, rounds=4, name="four.yaml"))
+    holder = Master(same, resume=True)  # the folder is free again after the refusal
+    try:
+        with pytest.raises(RuntimeError, match="another master is writing into"):
+            Master(same, resume=True)
+    finally:
+        holder.close()
+    good = (out / "checkpoint.npz").read_bytes()
+    for damaged in (b"", good[:5000], good[:100] + bytes(2000) + good[2100:]):
+        (out / "checkpoint.npz").write_bytes(damaged)
+        with pytest.raises(RuntimeError, match=r"checkpoint\.npz: unreadable .*resume is not "
+                                               r"possible from it"):
+            Master(same, resume=True)
+
+
 def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
                                                        make_config: MakeConfig) -> None:
     """summary.json after a resume used to say `excluded: {}` and count refusals from zero:
