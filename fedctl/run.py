@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from common.atomic import atomic_write_bytes, is_locked
 from common.config import ClusterConfig, ConfigError, config_to_dict
-from common.constants import MASTER_LOCK
+from common.constants import MASTER_LOCK, REPORTS_FILE
 from common.runlog import MetricsTail, read_metrics, round_cpu
 from fedctl.launch import LocalCluster, usable_cores
 
@@ -53,7 +53,7 @@ HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs
 RUN_FILES = frozenset({
     "cluster.yaml", "logs", "metrics.jsonl", "model.npz", "model.json", "summary.json",
     "comparison.md", "comparison.json", "checkpoint.npz", "curves.png", "FAILED", "master.prof",
-    "workers", "tensorboard", "mlruns", MASTER_LOCK})
+    "workers", "tensorboard", "mlruns", MASTER_LOCK, REPORTS_FILE})
 #: An atomic write's temp file left by a killed run (common/atomic.py names them so).
 _TEMP = re.compile(r"^\..+\.tmp$")
 

@@ -9,6 +9,7 @@ inside one, so a slow aggregation never holds a REQ waiting beyond its own cost.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import secrets
@@ -20,9 +21,9 @@ from typing import Any
 import zmq
 
 from common import constants as C
-from common.atomic import hold_lock
+from common.atomic import atomic_write_bytes, hold_lock
 from common.config import ClusterConfig, data_terms, job_terms
-from common.constants import STRATEGY_ARRAY_PREFIX
+from common.constants import REPORTS_FILE, STRATEGY_ARRAY_PREFIX
 from common.net import errors
 from common.net import messages as M
 from common.net.compression import decompress
@@ -558,7 +559,30 @@ class Master:
         M.check_report(msg.body["report"])
         ws.report = dict(msg.body["report"])
         log.info("final report from %s", ws.worker_id)
+        # Kept at once: a master that dies before its end is resumed with them (the workers
+        # that sent them have left, and no checkpoint follows the last round).
+        atomic_write_bytes(self.out / REPORTS_FILE, json.dumps(
+            {w: s.report for w, s in sorted(self.workers.items()) if s.report}).encode())
         send(self.rep, M.ACK, {"round": self.round, "duplicate": False})
+
+    def _restore_reports(self) -> None:
+        """The final reports a master that died at its end had received, on the model it
+        resumes with (a report of another version scored another model)."""
+        try:
+            kept = json.loads((self.out / REPORTS_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        for wid, report in kept.items() if isinstance(kept, dict) else ():
+            ws = self.workers.get(wid)
+            if ws is None or not isinstance(report, dict) or report.get("version") != \
+                    self.version:
+                continue
+            try:
+                M.check_report(report)
+            except ProtocolError:
+                continue
+            ws.report = report
+            log.info("final report from %s, kept from before the resume", wid)
 
     def _on_secagg(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
@@ -1061,6 +1085,7 @@ class Master:
         if self.family.budget_spent(done) or self.family.finished():
             self.round, self.phase = done, REPORTING
             self._report_deadline = now + self.cfg.report_timeout
+            self._restore_reports()
         else:
             self.round, self.phase = done + 1, TRAINING
         self.metrics.write("resume", run_id=self.run_id, completed_round=done,

@@ -11,6 +11,7 @@ grace window is held open by hand so that the test does not race it.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -176,6 +177,28 @@ def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
         with pytest.raises(RuntimeError, match=r"checkpoint\.npz: unreadable .*resume is not "
                                                r"possible from it"):
             Master(same, resume=True)
+
+
+def test_a_master_that_dies_at_its_end_is_resumed_with_the_reports_it_had(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """Killed while it trained its baselines, after the workers had reported and left, a
+    resumed master waited for reports no one would send and wrote every worker's scores as
+    n/a. The reports are kept as they come (reports.json)."""
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, heartbeat_timeout=2)
+    _, server, reports, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(load_config(first).output_dir)
+    before = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").unlink()  # as if the master had died before its end
+    master = Master(load_config(first), resume=True)
+    master.bind()
+    try:
+        after = master.serve()
+    finally:
+        master.close()
+    assert after["comparison"] == before["comparison"], (before, after)
+    assert all(r["federated_macro_f1"] is not None for r in after["comparison"])
 
 
 def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
