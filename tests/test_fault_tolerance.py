@@ -173,7 +173,7 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     assert procs.procs.pop("master").wait(timeout=30) == 128 + signal.SIGTERM
     assert procs.log("master").strip().splitlines()[-1] == (
         f"Error: stopped by SIGTERM; the checkpoint in {out} is kept: continue with "
-        f"`fedctl master --resume`")
+        f"`fedctl master --config {out / 'cluster.yaml'} --resume`")
     procs.master(cfg, "--resume", name="master2")
     for w in ("w1", "w2"):
         procs.procs[w].send_signal(signal.SIGCONT)
