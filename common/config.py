@@ -313,7 +313,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("max_weight_fraction", lambda v: v is None or (_num(v) and 0 < v <= 1),
          "a fraction in (0, 1], or null for none"),
         ("max_message_mb", lambda v: _num(v) and 0 < v <= 4096, "a size in MiB, 0-4096"),
-        ("memory_limit_mb", lambda v: v is None or (_num(v) and v > 0),
+        ("memory_limit_mb", lambda v: v is None or (_num(v) and 0 < v < 2**40),
          "a size in MiB > 0, or null for the default"),
         ("baselines", lambda v: isinstance(v, bool), "true or false"),
         ("worker_snapshots", lambda v: isinstance(v, bool), "true or false"),
@@ -429,12 +429,17 @@ def job_terms(cfg: ClusterConfig) -> dict[str, Any]:
 
 
 def data_terms(cfg: ClusterConfig) -> dict[str, Any]:
-    """How this node's data is read and split among simulated workers: the file (resolved),
-    the split and the cap. A resumed master must agree with its checkpoint on them, or its
-    baselines are cut from other documents than the workers trained on."""
+    """How a simulated cluster's data is read and split, where the master trains baselines on
+    it: the file (its name and size: the same file moved is the same), the split and the cap;
+    empty otherwise. A resumed master must agree with its checkpoint on them, or its baselines
+    are cut from other documents than the workers trained on."""
     d = cfg.data
-    return {"path": str(Path(d.path).resolve()), "partition": d.partition, "alpha": d.alpha,
-            "proportions": d.proportions, "test_fraction": d.test_fraction, "limit": d.limit}
+    if not cfg.baselines or not cfg.workers or any(w.data is not None for w in cfg.workers):
+        return {}
+    path = Path(d.path)
+    return {"file": path.name, "bytes": path.stat().st_size if path.is_file() else None,
+            "partition": d.partition, "alpha": d.alpha, "proportions": d.proportions,
+            "test_fraction": d.test_fraction, "limit": d.limit}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

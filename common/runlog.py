@@ -47,10 +47,6 @@ class MetricsLog:
                 except Exception as exc:  # a tracker's own failure: the log goes on
                     log.warning("tracking: %s stopped: %s", type(sink).__name__, exc)
                     self.sinks.remove(sink)
-                    try:  # not left "running" in the tracker's UI
-                        sink.close()
-                    except Exception:
-                        pass
 
     def write_record(self, record: Mapping[str, Any]) -> None:
         """Append an event held as one mapping (its ``event`` field and the rest)."""

@@ -89,6 +89,9 @@ def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
     if out.is_dir() and any(out.iterdir()) and not is_run_folder(out):
         raise ConfigError(f"{where} holds files that are not a fedctl run's, which a run "
                           f"would replace; choose a new or empty folder")
+    if is_locked(out / MASTER_LOCK):  # a `fedctl master` of its own still writes there
+        raise ConfigError(f"{where}: a master is still writing into it; stop it, or choose "
+                          f"another --output")
     if (out / "model.json").exists() and not overwrite:
         raise ConfigError(f"{where} holds a finished run; pass --overwrite to replace it, or "
                           f"choose another --output")

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import common.constants as C
 
@@ -48,17 +50,22 @@ def available_bytes() -> int | None:
     return None
 
 
+@functools.cache
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")  # runs ldconfig: once
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
 def release_freed_memory() -> None:
     """Hand freed heap pages back to the system (glibc's ``malloc_trim``): the frames of many
     small parts were allocated on the heap, and freeing them leaves the resident size where it
     was until the heap is trimmed. A no-op without glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def default_limit() -> int | None:

@@ -46,7 +46,7 @@ from master.agreement import job_differences, listed, refusal
 from master.checkpoint import Checkpoint, CheckpointWriter, capture, restore
 from master.families import Payload, ServerFamily, make_server_family
 from master.families.base import check_arrays
-from master.memory import MemoryCeiling, default_limit
+from master.memory import MemoryCeiling, default_limit, resident_bytes
 from master.outputs import write_config, write_model, write_results
 from master.privacy import PrivacyLedger
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
@@ -122,6 +122,16 @@ class Master:
             raise RuntimeError(f"output_dir: another master is writing into {self.out} (its "
                                f"process still runs); stop it, or choose another output_dir"
                                ) from None
+        try:
+            self._init_rest(cfg, resume)
+        except BaseException:  # refused: the folder is free again
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
+            raise
+
+    def _init_rest(self, cfg: ClusterConfig, resume: bool) -> None:
+        """The master's state after its output folder is taken."""
         self.metrics = MetricsLog(self.out / "metrics.jsonl",
                                   make_sinks(cfg.tracking, self.out, self.run_id)
                                   if cfg.tracking.enabled else ())
@@ -159,8 +169,8 @@ class Master:
         if resume:
             try:
                 self._restore(Checkpoint.load(self.out))
-            except BaseException:  # refused: the folder is free again, and its log closed
-                self.close()
+            except BaseException:  # refused: its log closed (the lock goes in __init__)
+                self._checkpoints.close()
                 self.metrics.close()
                 raise
 
@@ -192,6 +202,12 @@ class Master:
         limit = (default_limit() if self.cfg.memory_limit_mb is None
                  else int(self.cfg.memory_limit_mb * 1024**2))
         self._memory = MemoryCeiling(limit)
+        rss = resident_bytes()
+        if limit is not None and rss is not None and limit - rss < self.max_message_bytes:
+            log.warning("memory: memory_limit_mb leaves %d MiB above the master's %d MiB, "
+                        "less than one max_message_mb (%g): an update that large would be "
+                        "dropped again at every try", max(limit - rss, 0) // 1024**2,
+                        rss // 1024**2, self.cfg.max_message_mb)
         log.info("master %s: PUB %s, REP %s, %s with %s, %d round(s), waiting for %s",
                  self.run_id, m.pub_bind, m.rep_bind, self.cfg.family, self.family.strategy.name,
                  self.cfg.rounds, ", ".join(sorted(self._expected)) or
@@ -241,7 +257,8 @@ class Master:
                 served += 1
         self._advance(time.monotonic())
         self._notice_secure_stage()
-        if (rss := self._memory.over()) is not None:
+        # (not once done: the baselines at the end are the master's own memory)
+        if self.phase != DONE and (rss := self._memory.over()) is not None:
             self._drop_connections(rss)
 
     def _drop_connections(self, rss: int) -> None:
@@ -256,9 +273,10 @@ class Master:
                 self.rep = bind_rep(self.ctx, self.cfg.master.rep_bind, self.max_message_bytes,
                                     setup=self._rep_setup)
                 break
-            except zmq.ZMQError:
+            except zmq.ZMQError as exc:
                 if time.monotonic() >= deadline:
-                    raise
+                    raise OSError(f"cannot bind {self.cfg.master.rep_bind} again after "
+                                  f"dropping its connections: {exc.strerror}") from None
                 time.sleep(0.05)
         mib = 1024**2
         log.warning("memory: %d MiB resident, past memory_limit_mb (%d): dropped every "
@@ -561,8 +579,14 @@ class Master:
         log.info("final report from %s", ws.worker_id)
         # Kept at once: a master that dies before its end is resumed with them (the workers
         # that sent them have left, and no checkpoint follows the last round).
-        atomic_write_bytes(self.out / REPORTS_FILE, json.dumps(
-            {w: s.report for w, s in sorted(self.workers.items()) if s.report}).encode())
+        try:
+            atomic_write_bytes(self.out / REPORTS_FILE, json.dumps({
+                "run_id": self.run_id,
+                "reports": {w: s.report for w, s in sorted(self.workers.items()) if s.report},
+            }).encode())
+        except OSError as exc:  # the report is taken all the same
+            log.warning("cannot keep the reports in %s: %s", self.out / REPORTS_FILE,
+                        exc.strerror)
         send(self.rep, M.ACK, {"round": self.round, "duplicate": False})
 
     def _restore_reports(self) -> None:
@@ -572,7 +596,10 @@ class Master:
             kept = json.loads((self.out / REPORTS_FILE).read_text())
         except (OSError, ValueError):
             return
-        for wid, report in kept.items() if isinstance(kept, dict) else ():
+        if not isinstance(kept, dict) or kept.get("run_id") != self.run_id or \
+                not isinstance(kept.get("reports"), dict):
+            return  # another job's, in this folder before
+        for wid, report in kept["reports"].items():
             ws = self.workers.get(wid)
             if ws is None or not isinstance(report, dict) or report.get("version") != \
                     self.version:
@@ -1057,9 +1084,9 @@ class Master:
             if differences:  # the run would go on under one model and be saved as another
                 raise RuntimeError(f"--resume: the checkpoint's job is not {self.cfg.source}'s: "
                                    f"{listed(differences)}")
-        changed = [f"data.{k}: {m['data_terms'].get(k)!r} in the checkpoint, {v!r} in the "
-                   f"config" for k, v in self._data_terms.items()
-                   if "data_terms" in m and m["data_terms"].get(k) != v]
+        kept = m.get("data_terms") or {}
+        changed = [f"data.{k}: {kept.get(k)!r} in the checkpoint, {v!r} in the config"
+                   for k, v in self._data_terms.items() if kept and kept.get(k) != v]
         if changed:  # its baselines would be cut from other data than the workers trained on
             raise RuntimeError(f"--resume: the checkpoint's data is not {self.cfg.source}'s: "
                                f"{listed(changed)}")

@@ -153,13 +153,15 @@ def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
     """A resume with another data.limit went on and cut its baselines from other documents
     than the workers trained on; a damaged checkpoint gave a traceback (an empty one, a bare
     "Aborted!"); two masters into one folder both ran and mixed their metrics."""
-    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml",
+                        baselines=True)
     _, server, _, errors = _run(first)
-    server.join(timeout=120)
+    server.join(timeout=180)
     assert not server.is_alive() and not errors, errors
     out = Path(load_config(first).output_dir)
     (out / "summary.json").unlink()  # as if the master had died before its end
-    other = make_config(tmp_path, rounds=4, name="other.yaml", data={"limit": 300})
+    other = make_config(tmp_path, rounds=4, name="other.yaml", data={"limit": 300},
+                        baselines=True)
     with pytest.raises(RuntimeError, match=r"--resume: the checkpoint's data is not .*"
                                            r"data\.limit: 600 in the checkpoint, 300 in the "
                                            r"config"):

@@ -6,6 +6,7 @@ written out for people in docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -69,9 +70,19 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
 RESERVED_METRICS = frozenset({"event", "round", "worker", "n_samples", "bytes_out", "upload_s",
                               "time"})
 MAX_METRICS = 64
-#: A metric's name: what MLflow and TensorBoard both take as a tag under ``<worker>/`` (MLflow
-#: refuses '!' and path tricks, and one refused tag stopped its tracking for the whole run).
-METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+#: A metric's characters: MLflow's rule (word characters, '.', '-', ' ', '/', ':'), which a tag
+#: under ``<worker>/`` must follow too: one refused tag stopped its tracking for the whole run.
+METRIC_NAME = re.compile(r"[\w.\- /:]{1,64}")
+
+
+def metric_name_ok(name: Any) -> bool:
+    """A metric name MLflow and TensorBoard take under ``<worker>/``: :data:`METRIC_NAME`'s
+    characters, and a path that normalization leaves as it is (MLflow refuses ``..``, ``a//b``,
+    a leading or trailing ``/``)."""
+    if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+        return False
+    norm = posixpath.normpath(name)
+    return norm == name and norm != "." and not norm.startswith(("..", "/"))
 
 
 def check_metrics(metrics: Any, where: str) -> dict[str, float]:
@@ -86,9 +97,10 @@ def check_metrics(metrics: Any, where: str) -> dict[str, float]:
         raise ProtocolError(f"{where}: expected a map of at most {MAX_METRICS} numbers",
                             code=errors.BAD_FIELD)
     for k, v in metrics.items():
-        if not isinstance(k, str) or not METRIC_NAME.fullmatch(k):
-            raise ProtocolError(f"{where}: metric names are 1-64 letters, digits, '_', '.' or "
-                                "'-', not starting with '.' or '-'", code=errors.BAD_FIELD)
+        if not metric_name_ok(k):
+            raise ProtocolError(f"{where}: metric names are 1-64 letters, digits, '_', '.', "
+                                "'-', ' ', '/' or ':', a path with no '..' or '//' (MLflow's "
+                                "rule)", code=errors.BAD_FIELD)
         if k in RESERVED_METRICS:
             raise ProtocolError(f"{where}: metric name {k!r} is reserved", code=errors.BAD_FIELD)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
