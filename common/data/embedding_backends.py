@@ -15,6 +15,7 @@ pipeline falls back to torch, saying so.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -424,3 +425,9 @@ def load_exported(model_path: str, root: str, backend: str) -> Encoder:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party runtime: fall back
         raise BackendUnavailable(f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
+
+
+# A compiled OpenVINO model destroyed in the interpreter's own teardown once aborted a process
+# after its work was done ("terminate called without an active exception": once, in a test
+# child process; not in 32 runs since): drop the cached encoders while the interpreter is whole.
+atexit.register(load_exported.cache_clear)
