@@ -127,10 +127,10 @@ def atomic_save_npy(path: str | Path, array: np.ndarray) -> None:
     atomic_write(path, lambda fh: np.save(fh, np.asarray(array), allow_pickle=False))
 
 
-def hold_lock(path: Path) -> int | None:
+def hold_lock(path: Path) -> int:
     """Take an exclusive lock (flock) on ``path``, created if missing, for this process; returns
     the descriptor to keep open while it holds (the system drops the lock when the process
-    ends, however it ends), or None on a file system without locks (logged).
+    ends, however it ends). On a file system without locks the descriptor holds none (logged).
 
     Raises
     ------

@@ -429,13 +429,11 @@ def job_terms(cfg: ClusterConfig) -> dict[str, Any]:
 
 
 def data_terms(cfg: ClusterConfig) -> dict[str, Any]:
-    """How a simulated cluster's data is read and split, where the master trains baselines on
-    it: the file (its name and size: the same file moved is the same), the split and the cap;
-    empty otherwise. A resumed master must agree with its checkpoint on them, or its baselines
-    are cut from other documents than the workers trained on."""
+    """How a simulated cluster's data is read and split: the file (its name and size: the
+    same file moved is the same), the split and the cap. A resumed master that trains
+    baselines on it must agree with its checkpoint on them, or its baselines are cut from other
+    documents than the workers trained on."""
     d = cfg.data
-    if not cfg.baselines or not cfg.workers or any(w.data is not None for w in cfg.workers):
-        return {}
     path = Path(d.path)
     return {"file": path.name, "bytes": path.stat().st_size if path.is_file() else None,
             "partition": d.partition, "alpha": d.alpha, "proportions": d.proportions,

@@ -46,8 +46,8 @@ MEMORY_SETTLE_S = 2.0
 #: a second master, or a `fedctl run` clearing what it takes for an earlier attempt's files, is
 #: refused while one of a killed `fedctl run` still writes.
 MASTER_LOCK = "master.lock"
-#: The final reports a master has received, kept as they come (a resumed master reads them).
-REPORTS_FILE = "reports.json"
+#: The final reports a master has received, a line each as they come (a resumed master reads them).
+REPORTS_FILE = "reports.jsonl"
 
 #: Most arrays one message may carry.
 MAX_ARRAYS = 1024

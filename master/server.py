@@ -21,9 +21,10 @@ from typing import Any
 import zmq
 
 from common import constants as C
-from common.atomic import atomic_write_bytes, hold_lock
+from common.atomic import hold_lock
 from common.config import ClusterConfig, data_terms, job_terms
 from common.constants import REPORTS_FILE, STRATEGY_ARRAY_PREFIX
+from common.data.shards import simulated
 from common.net import errors
 from common.net import messages as M
 from common.net.compression import decompress
@@ -165,7 +166,7 @@ class Master:
         self.privacy = PrivacyLedger(cfg.privacy, cfg.client_fraction)
         self._terms = job_terms(cfg)  # kept in each checkpoint: a resume must agree with them
         # ... and with how the master's own data was split (its baselines are cut from it)
-        self._data_terms = data_terms(cfg)
+        self._data_terms = data_terms(cfg) if cfg.baselines and simulated(cfg) else {}
         if resume:
             try:
                 self._restore(Checkpoint.load(self.out))
@@ -577,15 +578,15 @@ class Master:
         M.check_report(msg.body["report"])
         ws.report = dict(msg.body["report"])
         log.info("final report from %s", ws.worker_id)
-        # Kept at once: a master that dies before its end is resumed with them (the workers
-        # that sent them have left, and no checkpoint follows the last round).
+        # Kept at once, one line each (appended, not the whole set rewritten per report): a
+        # master that dies before its end is resumed with them (the workers that sent them have
+        # left, and no checkpoint follows the last round).
         try:
-            atomic_write_bytes(self.out / REPORTS_FILE, json.dumps({
-                "run_id": self.run_id,
-                "reports": {w: s.report for w, s in sorted(self.workers.items()) if s.report},
-            }).encode())
+            with open(self.out / REPORTS_FILE, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"run_id": self.run_id, "worker": ws.worker_id,
+                                     "report": ws.report}) + "\n")
         except OSError as exc:  # the report is taken all the same
-            log.warning("cannot keep the reports in %s: %s", self.out / REPORTS_FILE,
+            log.warning("cannot keep the report in %s: %s", self.out / REPORTS_FILE,
                         exc.strerror)
         send(self.rep, M.ACK, {"round": self.round, "duplicate": False})
 
@@ -593,13 +594,12 @@ class Master:
         """The final reports a master that died at its end had received, on the model it
         resumes with (a report of another version scored another model)."""
         try:
-            kept = json.loads((self.out / REPORTS_FILE).read_text())
-        except (OSError, ValueError):
+            lines = read_metrics(self.out / REPORTS_FILE)  # (a line cut short is skipped)
+        except OSError:
             return
-        if not isinstance(kept, dict) or kept.get("run_id") != self.run_id or \
-                not isinstance(kept.get("reports"), dict):
-            return  # another job's, in this folder before
-        for wid, report in kept["reports"].items():
+        kept = {e.get("worker"): e.get("report") for e in lines  # another job's are left out
+                if isinstance(e, dict) and e.get("run_id") == self.run_id}
+        for wid, report in kept.items():
             ws = self.workers.get(wid)
             if ws is None or not isinstance(report, dict) or report.get("version") != \
                     self.version:

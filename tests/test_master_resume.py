@@ -185,7 +185,7 @@ def test_a_master_that_dies_at_its_end_is_resumed_with_the_reports_it_had(
         tmp_path: Path, make_config: MakeConfig) -> None:
     """Killed while it trained its baselines, after the workers had reported and left, a
     resumed master waited for reports no one would send and wrote every worker's scores as
-    n/a. The reports are kept as they come (reports.json)."""
+    n/a. The reports are kept as they come (reports.jsonl)."""
     first = make_config(tmp_path, rounds=2, checkpoint_every=1, heartbeat_timeout=2)
     _, server, reports, errors = _run(first)
     server.join(timeout=120)
