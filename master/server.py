@@ -453,11 +453,11 @@ class Master:
                                  f"process")
         if self._first_join is None:
             self._first_join = time.monotonic()
-        # A registration repeated within REREGISTER_QUIET_S says nothing new (a restarted
-        # process takes longer): logged at debug only, so that one member at its request rate
-        # cannot fill the disk with log lines and events.
-        quiet = known is not None and (time.monotonic() - known.registered_at
-                                       < C.REREGISTER_QUIET_S)
+        # A registration the same process repeats within REREGISTER_QUIET_S says nothing new:
+        # logged at debug only, so that one member at its request rate cannot fill the disk
+        # with log lines and events. A restarted process (forked in milliseconds) is news.
+        quiet = (known is not None and known.process == process
+                 and time.monotonic() - known.registered_at < C.REREGISTER_QUIET_S)
         log.log(logging.DEBUG if quiet else logging.INFO, "%s %s: %d samples on %s (%d/%d "
                 "registered)", "re-registered" if rejoin else "registered", wid,
                 b["n_samples"], b["device"], len(self.workers),
