@@ -124,7 +124,8 @@ class Corpus:
     def embed(self, words: list[str]) -> np.ndarray:
         missing = [w for w in words if w not in self._emb]
         if missing:
-            vectors = embed_texts(missing, device="cpu", progress=False)
+            vectors = embed_texts(missing, device="cpu", progress=False,
+                                  backend="torch")  # the reference the tables were scored on
             self._emb.update(zip(missing, vectors, strict=True))
         return np.stack([self._emb[w] for w in words])
 

@@ -55,7 +55,9 @@ def source(name: str) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
     """Texts, embeddings and string labels of a shipped dataset (embeddings cached on disk)."""
     file = SOURCES[name]
     ds = read_jsonl(DATA / file / f"{file}.jsonl")
-    X = embed_texts(ds.texts, device="cpu", progress=False)
+    # The reference backend, which the committed tables were scored on: OpenVINO's embeddings
+    # (cosine 0.99999 to torch's) still move a single FSTC seed by up to 9 ACC points.
+    X = embed_texts(ds.texts, device="cpu", progress=False, backend="torch")
     return tuple(ds.texts), X, np.asarray([str(y) for y in ds.labels])
 
 

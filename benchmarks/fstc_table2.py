@@ -104,7 +104,7 @@ def load(name: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     if name in SETS + EQUAL_SETS:
         return load_set(name)
     ds = read_jsonl(DATA / name / f"{name}.jsonl")
-    X = embed_texts(ds.texts, device="cpu", progress=False)
+    X = embed_texts(ds.texts, device="cpu", progress=False, backend="torch")  # the reference
     return ds.texts, X, np.unique(ds.labels, return_inverse=True)[1]
 
 

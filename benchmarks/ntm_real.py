@@ -107,7 +107,8 @@ def run_dataset(name: str, path: Path, args: argparse.Namespace) -> dict:
     labels = np.unique([str(full.labels[i]) for i in idx], return_inverse=True)[1]
     # dbpedia_10k's embeddings of the whole file are usually cached: embed it whole then.
     whole = len(full.texts) <= 10_000
-    emb = embed_texts(full.texts if whole else texts, progress=False)
+    emb = embed_texts(full.texts if whole else texts, progress=False,
+                      backend="torch")  # the reference the tables were scored on
     emb = np.asarray(emb[idx] if whole else emb, dtype=np.float32)
     perm = rng.permutation(len(texts))
     n_test = len(texts) // 5
