@@ -15,6 +15,7 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/fstc_unequal.py [--seeds 5] [--dirichlet-seeds 3]
         [--sets ...] [--jobs 2] [--rounds 40] [--iterations 100] [--out DIR] [--quick]
+        [--merge]
 
 Writes ``fstc_unequal.{md,json}`` and ``fstc_unequal.png`` (ACC against the imbalance ratio)
 to ``--out`` (default ``benchmarks/results``); ``--sets stackoverflow_eq agnews_eq --name
@@ -139,6 +140,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--quick", action="store_true", help="1 seed each, 4 rounds: a smoke run")
     ap.add_argument("--replot", action="store_true", help="redraw the figure from the JSON")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the cells of an earlier run's JSON and compute only the missing "
+                         "ones (e.g. more seeds)")
     args = ap.parse_args()
     if args.replot:
         replot(args.out, args.name)
@@ -147,6 +151,13 @@ def main() -> None:
         args.seeds, args.dirichlet_seeds, args.rounds = 1, 1, 4
     sets = tuple(s for s in SETS + EQUAL_SETS if s in args.sets)
     started = time.perf_counter()
+    out: Path = args.out
+    earlier: list[dict[str, Any]] = []
+    earlier_wall = 0.0
+    if args.merge and (out / f"{args.name}.json").exists():
+        old = json.loads((out / f"{args.name}.json").read_text())
+        earlier, earlier_wall = old["cells"], old["wall_seconds"]
+    done = {(c["dataset"], c["scheme"], c["seed"]) for c in earlier}
     info = {}
     for s in sets:  # embeds each source once (cached), before the processes want it
         info[s] = describe(s)
@@ -156,14 +167,19 @@ def main() -> None:
               "params": FSTCParams(iterations=args.iterations, align_weight=ALIGN.get(s, 1.0)),
               "rows": ROWS, "methods": METHODS}
              for scheme, n in (("iid", args.seeds), ("dirichlet", args.dirichlet_seeds))
-             for seed in range(n) for s in sets]
+             for seed in range(n) for s in sets if (s, scheme, seed) not in done]
     print(f"{len(tasks)} cells on {args.jobs} process(es)", flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(run_cell, tasks))
     for c in cells:
         c["ratio"] = info[c["dataset"]]["ratio"]
-    wall = time.perf_counter() - started
-    out: Path = args.out
+    wanted = {(s, scheme, seed) for scheme, n in (("iid", args.seeds),
+                                                  ("dirichlet", args.dirichlet_seeds))
+              for seed in range(n) for s in sets}
+    cells = sorted([c for c in earlier if (c["dataset"], c["scheme"], c["seed"]) in wanted]
+                   + cells,
+                   key=lambda c: (c["scheme"] != "iid", c["seed"], sets.index(c["dataset"])))
+    wall = time.perf_counter() - started + earlier_wall
     out.mkdir(parents=True, exist_ok=True)
     if any(s in SETS for s in sets):
         plot(cells + _equal_cells(out), out / f"{args.name}.png")
