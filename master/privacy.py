@@ -4,7 +4,8 @@
 Record-level ε is each worker's own: its accountant counts the DP-SGD steps it took and
 reports ε, and ε after one round more, with every update; the ledger keeps the largest.
 Client-level ε is the master's: DP-FedAvg's subsampled Gaussian, one step per aggregated round
-at the rate ``client_fraction``.
+at the rate a worker is drawn, k = max(1, round(C·N)) of the N registered workers
+(:func:`common.privacy.dp.client_sample_rate`): at C = 0.1 and 3 workers that is 1/3, not 0.1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from common.privacy.dp import (
     PrivacyParams,
+    client_sample_rate,
     describe,
     epsilon,
     sgd_sample_rate,
@@ -31,12 +33,15 @@ class PrivacyLedger:
     ----------
     params : PrivacyParams
     client_fraction : float
-        DP-FedAvg's sampling rate.
+        C, the fraction of the registered workers a round samples.
     """
 
     def __init__(self, params: PrivacyParams, client_fraction: float) -> None:
         self.params = params
         self.client_fraction = client_fraction
+        # the highest rate a round has drawn workers at: with fewer workers registered than
+        # the job names, each one's chance is higher (kept: ε is what the worst round allows)
+        self.client_rate_: float | None = None
         self.record_: dict[str, float] = {}  # worker -> ε after its last reported round
         self.record_next_: dict[str, float] = {}  # worker -> ε after one round more
         self.stopped_: str | None = None
@@ -47,14 +52,22 @@ class PrivacyLedger:
         # that round's event then reports (the accountant takes some 30 ms a call)
         self._client: dict[int, float] = {}
 
+    def note_workers(self, n_workers: int) -> None:
+        """The rounds to come draw from ``n_workers`` registered workers."""
+        rate = client_sample_rate(self.client_fraction, n_workers)
+        if self.client_rate_ is None or rate > self.client_rate_:
+            self.client_rate_ = rate
+            self._client.clear()
+
     def client_epsilon(self, rounds: int) -> float | None:
-        """Client-level ε after ``rounds`` aggregated rounds (None without ``client_dp``)."""
+        """Client-level ε after ``rounds`` aggregated rounds (None without ``client_dp``), at
+        the highest rate a round has drawn workers at (:meth:`note_workers`)."""
         dp = self.params.client_dp
         if dp is None:
             return None
         if rounds not in self._client:
-            self._client[rounds] = epsilon(dp.noise_multiplier, self.client_fraction, rounds,
-                                           self.params.delta)
+            rate = self.client_rate_ if self.client_rate_ is not None else self.client_fraction
+            self._client[rounds] = epsilon(dp.noise_multiplier, rate, rounds, self.params.delta)
         return self._client[rounds]
 
     def first_round_refusal(self, n_samples: Mapping[str, int], batch_size: int,
@@ -62,6 +75,7 @@ class PrivacyLedger:
         """Why the job must not start: its first round would already pass ``target_epsilon``
         (for the worker with the fewest documents, or at the client level). None if not."""
         self._sizes = {w: (n, batch_size, local_epochs) for w, n in n_samples.items()}
+        self.note_workers(len(n_samples))
         target = self.params.target_epsilon
         if target is None:
             return None

@@ -82,11 +82,16 @@ class Roster:
         Fraction C of the registered workers sampled per round (at least one).
     seed : int
         Seed of the sampling generator (kept in checkpoints).
+    among_live : bool, default True
+        Draw the sample among the live workers only. False under DP-FedAvg, whose accountant
+        needs every worker's chance of being drawn to be k / N, whoever is down.
     """
 
-    def __init__(self, heartbeat_timeout: float, client_fraction: float, seed: int) -> None:
+    def __init__(self, heartbeat_timeout: float, client_fraction: float, seed: int,
+                 among_live: bool = True) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self.client_fraction = client_fraction
+        self.among_live = among_live
         self.rng = np.random.default_rng(seed)
         self.workers: dict[str, WorkerState] = {}
 
@@ -114,13 +119,15 @@ class Roster:
         """This round's participants: a fraction C of the registered workers, at least one.
 
         With C = 1 every registered worker takes part (one that is down may come back within
-        the round); with C < 1 the sample is drawn among the live ones.
+        the round); with C < 1 the sample is drawn among the live ones (among all of them
+        when ``among_live`` is False).
         """
         everyone = sorted(self.workers)
         k = max(1, round(self.client_fraction * len(everyone)))
         if k >= len(everyone):
             return everyone
-        live = [w for w in everyone if self.alive(w)] or everyone
+        live = ([w for w in everyone if self.alive(w)] or everyone) if self.among_live \
+            else everyone
         return sorted(self.rng.choice(live, size=min(k, len(live)), replace=False).tolist())
 
     def registrations(self) -> dict[str, dict[str, Any]]:

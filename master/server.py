@@ -108,7 +108,8 @@ class Master:
         self.phase = JOINING
         self.round = 0
         self.version = 0
-        self.roster = Roster(cfg.heartbeat_timeout, cfg.client_fraction, cfg.seed)
+        self.roster = Roster(cfg.heartbeat_timeout, cfg.client_fraction, cfg.seed,
+                             among_live=cfg.privacy.client_dp is None)
         self.workers = self.roster.workers  # by id: what the master knows of each
         self.open: RoundState | None = None
         self.secure: SecureRound | None = None  # the open round's, with secure_aggregation
@@ -785,10 +786,15 @@ class Master:
     def _refusals(self) -> dict[str, dict[str, int]]:
         return {w: dict(c) for w, c in sorted(self.refused.items())}
 
+    def _sample(self) -> list[str]:
+        """This round's participants; the privacy ledger hears the rate they were drawn at."""
+        self.privacy.note_workers(len(self.roster))
+        return self.roster.sample()
+
     def _start_round(self, now: float) -> None:
         fixed = self.family.participants()  # a step of several rounds keeps its workers
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
-                         self.roster.sample() if fixed is None else fixed,
+                         self._sample() if fixed is None else fixed,
                          mid_step=fixed is not None)
         self.open = rnd
         if self.cfg.privacy.secure_aggregation is not None:

@@ -270,3 +270,42 @@ def test_a_claimed_epsilon_no_honest_worker_could_reach_does_not_end_the_job() -
     ledger.record({w: {"epsilon": honest(rounds), "epsilon_next": honest(rounds + 1)}
                    for w in ("w1", "w2")}, rounds)
     assert ledger.must_stop(rounds) and "past target_epsilon 8" in ledger.stopped_
+
+
+def test_client_level_epsilon_is_counted_at_the_rate_workers_are_drawn() -> None:
+    """k = max(1, round(C·N)) of N workers a round: at C = 0.1 and 3 workers each is drawn at
+    1/3, and ε is that rate's (it was C's: 4.2 after 20 rounds at σ = 1, where 1/3 gives 11.6).
+    Under DP-FedAvg the draw ignores liveness: a down worker's chance does not go to the rest."""
+    from common.privacy.dp import client_sample_rate, epsilon
+    from master.privacy import PrivacyLedger
+    from master.rounds import Roster
+
+    assert client_sample_rate(0.1, 3) == pytest.approx(1 / 3)
+    assert client_sample_rate(0.5, 4) == pytest.approx(0.5)
+    assert client_sample_rate(1.0, 5) == 1.0
+    cfg = parse_config({"workers": ["w1", "w2", "w3"], "rounds": 20, "client_fraction": 0.1,
+                        "privacy": {"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}}},
+                       "<test>")
+    ledger = PrivacyLedger(cfg.privacy, cfg.client_fraction)
+    assert ledger.first_round_refusal({"w1": 10, "w2": 10, "w3": 10}, 8, 1) is None
+    said = ledger.record({}, 20)["client_epsilon"]
+    assert said == pytest.approx(epsilon(1.0, 1 / 3, 20, cfg.privacy.delta), rel=1e-9)
+    assert said > 2.5 * epsilon(1.0, 0.1, 20, cfg.privacy.delta)
+    # Two of the three left: the rounds drew one of two, and what is stated counts that.
+    ledger.note_workers(2)
+    assert ledger.record({}, 20)["client_epsilon"] == pytest.approx(
+        epsilon(1.0, 0.5, 20, cfg.privacy.delta), rel=1e-9)
+    ledger.note_workers(3)  # the highest rate stays
+    assert ledger.client_epsilon(20) == pytest.approx(epsilon(1.0, 0.5, 20, cfg.privacy.delta))
+
+    roster = Roster(heartbeat_timeout=5.0, client_fraction=0.5, seed=0, among_live=False)
+    for w in ("w1", "w2", "w3", "w4"):
+        roster.add(w, 10, "cpu", {})
+    roster.workers["w1"].last_seen -= 60  # down
+    drawn = [w for _ in range(400) for w in roster.sample()]
+    assert 0.4 < drawn.count("w1") / 400 < 0.6  # still drawn at k/N = 1/2
+    live_only = Roster(heartbeat_timeout=5.0, client_fraction=0.5, seed=0)
+    for w in ("w1", "w2", "w3", "w4"):
+        live_only.add(w, 10, "cpu", {})
+    live_only.workers["w1"].last_seen -= 60
+    assert all("w1" not in live_only.sample() for _ in range(50))

@@ -129,6 +129,14 @@ def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: floa
     return float(eps)
 
 
+def client_sample_rate(client_fraction: float, n_workers: int) -> float:
+    """DP-FedAvg's rate: the share of ``n_workers`` a round samples, k = max(1, round(C·N))
+    of N (:meth:`master.rounds.Roster.sample`), which for few workers is well above C (one
+    of 3 at C = 0.1)."""
+    n = max(n_workers, 1)
+    return min(1.0, max(1, round(client_fraction * n)) / n)
+
+
 def sgd_sample_rate(batch_size: int, n: int) -> float:
     """DP-SGD's Poisson rate: a step takes each of ``n`` documents with probability q."""
     return min(1.0, batch_size / max(n, 1))
