@@ -309,3 +309,39 @@ def test_client_level_epsilon_is_counted_at_the_rate_workers_are_drawn() -> None
         live_only.add(w, 10, "cpu", {})
     live_only.workers["w1"].last_seen -= 60
     assert all("w1" not in live_only.sample() for _ in range(50))
+
+
+def test_going_back_to_an_earlier_round_never_draws_its_noise_again() -> None:
+    """A worker sent round 2's update from model A; a resumed (or lying) master asks for round
+    2 again from model B. Replayed with the snapshot's noise, the two releases would differ by
+    the clipped gradients alone (the noise cancels); the worker goes back as
+    ``Worker._go_back`` does, keeping its privacy stream, so the noise is fresh and the steps
+    count twice."""
+    x, y = _real_batch()
+    sigma = 50.0  # noise far above the clipped gradients: only fresh noise moves the release
+    model = MLPClassifier(x.shape[1], 2, hidden=16, random_state=0, optimizer="sgd", lr=1.0,
+                          batch_size=len(x),  # one plain step a round: the release is linear
+                          dp=DPSGDParams(noise_multiplier=sigma, max_grad_norm=1.0))
+    model.fit(x, y, epochs=1)
+    snapshot = model.local_state()  # after round 1
+    steps = model.dp_steps_
+    start_a = model.get_arrays()
+    start_b = {k: v + 0.01 for k, v in start_a.items()}
+
+    def release(start: dict[str, np.ndarray]) -> np.ndarray:
+        model.set_arrays(start)
+        model.fit(x, y, epochs=1)
+        return np.concatenate([(model.get_arrays()[k] - start[k]).ravel() for k in start])
+
+    first = release(start_a)
+    # What the worker did before: load the snapshot whole, noise stream included.
+    model.load_local_state(snapshot)
+    rewound = release(start_b)
+    assert np.linalg.norm(rewound - first) < 0.1 * np.linalg.norm(first)
+    # What it does now: the snapshot, but the privacy stream as it is.
+    stream = model.privacy_stream()
+    model.load_local_state(snapshot)
+    model.resume_privacy_stream(stream)
+    fresh = release(start_b)
+    assert np.linalg.norm(fresh - first) > 0.5 * np.linalg.norm(first)
+    assert model.dp_steps_ == stream["steps"] + steps  # the replay's steps count on top

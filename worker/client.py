@@ -558,9 +558,14 @@ class Worker:
                         self.state_round)
             return
         self.state_round, tree = found
+        stream = self.family.privacy_stream()  # never rewound: see WorkerFamily.privacy_stream
         self._load_state(tree)
-        log.info("round %d builds on round %d: back to %s's state after round %d", rnd, base,
-                 self.worker_id, self.state_round)
+        if stream is not None:
+            self.family.resume_privacy_stream(stream)
+        log.info("round %d builds on round %d: back to %s's state after round %d%s", rnd, base,
+                 self.worker_id, self.state_round,
+                 "" if stream is None else " (its privacy noise and accountant go on as they "
+                 "were: a replayed round costs ε again)")
 
     def _finish(self) -> dict[str, Any]:
         final = self._request(M.FETCH, {})

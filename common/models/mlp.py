@@ -131,17 +131,30 @@ class MLPClassifier:
         round replaces): the optimizer's moments and the shuffling generator, as a state tree
         (:mod:`common.state`)."""
         out = {"optimizer": self.optimizer_.state_dict(), "shuffle": generator_state(self._gen)}
-        if self._dp_gen is not None:
-            out["dp"] = {"generator": generator_state(self._dp_gen), "steps": self.dp_steps_}
+        stream = self.privacy_stream()
+        if stream is not None:
+            out["dp"] = stream
         return out
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`local_state` returned."""
         self.optimizer_.load_state_dict(state["optimizer"])
         set_generator_state(self._gen, state["shuffle"])
-        if self._dp_gen is not None and "dp" in state:
-            set_generator_state(self._dp_gen, state["dp"]["generator"])
-            self.dp_steps_ = int(state["dp"]["steps"])
+        if "dp" in state:
+            self.resume_privacy_stream(state["dp"])
+
+    def privacy_stream(self) -> dict[str, Any] | None:
+        """DP-SGD's noise generator and step count (None without DP-SGD): what must only move
+        forward (:meth:`worker.families.base.WorkerFamily.privacy_stream`)."""
+        if self._dp_gen is None:
+            return None
+        return {"generator": generator_state(self._dp_gen), "steps": self.dp_steps_}
+
+    def resume_privacy_stream(self, stream: Mapping[str, Any]) -> None:
+        """Put back what :meth:`privacy_stream` returned."""
+        if self._dp_gen is not None:
+            set_generator_state(self._dp_gen, stream["generator"])
+            self.dp_steps_ = int(stream["steps"])
 
     # -- scikit-learn style ----------------------------------------------------------------
     def fit(self, X: np.ndarray, y: np.ndarray, epochs: int | None = None,

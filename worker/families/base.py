@@ -109,6 +109,19 @@ class ClientFamily(ABC):
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`local_state` returned (after :meth:`setup`)."""
 
+    def privacy_stream(self) -> Any:
+        """The part of the local state that must only move forward: a differential-privacy
+        noise generator and the steps its accountant counted. None (the default) without one.
+
+        A worker that goes back to an earlier round's state keeps this as it is now: noise
+        already drawn for an update that left must never be drawn again for another (two
+        releases with the same noise from different global models differ by the clipped
+        gradients alone), and every step taken counts, replayed or not."""
+        return None
+
+    def resume_privacy_stream(self, stream: Any) -> None:
+        """Put back what :meth:`privacy_stream` returned, after an earlier state was loaded."""
+
     def local_baseline(self) -> dict[str, float] | None:
         """Score of a model trained on this worker's data alone (same budget), if meaningful."""
         return None

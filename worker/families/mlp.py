@@ -66,6 +66,13 @@ class MLPClient(ClientFamily):
             self.model.load_local_state(state)
             self.control_ = dict(state.get("control") or {})
 
+    def privacy_stream(self) -> Any:
+        return None if self.model is None else self.model.privacy_stream()
+
+    def resume_privacy_stream(self, stream: Any) -> None:
+        if self.model is not None and stream is not None:
+            self.model.resume_privacy_stream(stream)
+
     def fit(self, round_: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             ) -> FitResult:
         assert self.model is not None, "setup() first"
