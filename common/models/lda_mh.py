@@ -26,8 +26,10 @@ n_dk (tokens of document d on topic k; sentences for SentenceLDA) receives one d
 η_dk ~ Laplace(0, 1/ε), kept for the whole of training. Wherever the sampler reads a document
 count — the targets and the doc proposal — it reads the privatized count
 ñ_dk = n_dk + η_dk, set to 0 when ≤ τ (:func:`common.privacy.laplace.privatize`), never n_dk itself.
-The word–topic counts that leave the party are therefore the outcome of a sampler that only
-saw privatized document statistics. ``epsilon=None`` switches the noise off (τ still clips).
+The word–topic counts that leave the party get no noise of their own: they are tallied from
+the party's tokens, and the upload (normalized with a known β) gives them back exactly, so ε
+bounds what the document statistics say, not what is sent (docs/PRIVACY.md). ``epsilon=None``
+switches the noise off (τ still clips).
 
 The token loops are numba kernels compiled once (``cache=True``). The sweeps draw from a
 splitmix64 generator whose state the kernels carry (:func:`rng_state`), the initial assignment
