@@ -368,6 +368,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                                    else text) from None
     from common.privacy.dp import describe
     from master.families import server_family_class
+    from worker.families import client_family_class
 
     own_rule = family and server_family_class(cfg).own_rule is not None
     summary = {"config": display_name or config, "family": cfg.family,
@@ -397,9 +398,18 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                     f"{sa.threshold if sa.threshold is not None else 'a majority'}, "
                     f"{'every pair' if sa.neighbours is None else f'{sa.neighbours} neighbours'}"
                     f", {clip_text})")
+    laplace = cfg.model.get("epsilon") if cfg.family in ("lda", "sentencelda") else None
+    if laplace is not None:
+        said.append(f"iFTM's Laplace noise (ε {laplace:g}) on each party's document–topic "
+                    f"counts")
     if said:
         summary["privacy"] = describe(privacy)
         said_line = f" Privacy: {'; '.join(said)}."
+        if family:  # what no mechanism covers, lest a user think it does
+            clear = [*client_family_class(cfg).sent_in_the_clear,
+                     "the round's metrics and sample counts"]
+            said_line += (f" In the clear all the same: {'; '.join(clear)} "
+                          f"(docs/PRIVACY.md).")
     else:
         said_line = ""
     if found is not None:

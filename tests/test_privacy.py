@@ -155,6 +155,18 @@ def test_fedctl_check_says_what_privacy_a_file_asks_for() -> None:
     assert done.returncode == 0, done.stderr
     assert ("Privacy: record-level DP-SGD (σ 1.9, per-document clip 1), ε at δ 1e-05, training "
             "ends before ε passes 8.") in done.stdout, done.stdout
+    assert "In the clear all the same: the round's metrics and sample counts" in done.stdout
+
+
+def test_fedctl_check_says_what_no_privacy_mechanism_covers() -> None:
+    """iFTM's Laplace noise is on the document–topic counts; the vocabulary and the
+    word–topic counts leave exact, and check says so rather than let ε seem to cover them."""
+    done = run_fedctl("check", "-c", str(ROOT / "examples" / "lda_privacy.yaml"), "--no-ports")
+    assert done.returncode == 0, done.stderr
+    said = done.stdout
+    assert "iFTM's Laplace noise (ε 11) on each party's document–topic counts" in said, said
+    assert "vocabulary, every word with its term and document counts" in said, said
+    assert "the word–topic counts, exactly" in said, said
 
 
 def test_laplace_moves_under_privacy_with_its_meaning(tmp_path: Path) -> None:

@@ -46,6 +46,9 @@ class ClientFamily(ABC):
     #: The family learns from labels (a classifier): a file without them is refused. The
     #: others train on text alone and skip only the scores that need labels.
     needs_labels: bool = False
+    #: What the family sends about a worker's documents outside its updates, and so outside
+    #: every privacy mechanism (``fedctl check`` says it where one is on; docs/PRIVACY.md).
+    sent_in_the_clear: tuple[str, ...] = ()
 
     def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
         if self.needs_labels and not data.labelled:

@@ -40,6 +40,8 @@ class FSTCClient(ClientFamily):
     """Worker side of ``model: {family: fstc}``."""
 
     name = "fstc"
+    sent_in_the_clear = ("each worker's k-means centres with their counts (init: kfed; a "
+                         "centre of one document is its embedding)",)
 
     def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
         super().__init__(cfg, data, device, seed)

@@ -66,6 +66,9 @@ class LDAClient(VocabularyClient):
     ``n_samples`` (the merge weight).
     """
 
+    sent_in_the_clear = (*VocabularyClient.sent_in_the_clear,
+                         "the word–topic counts, exactly (the Laplace noise is on the "
+                         "document–topic counts)")
     name = "lda"
     sentence = False
     #: Uploads are normalized topics of the party's own k, not a delta of what it received.

@@ -17,6 +17,9 @@ class VocabularyClient(ClientFamily):
     """A worker half over word counts: :meth:`setup_vocabulary` builds what the family needs
     from the agreed vocabulary (its count matrices, corpora, model)."""
 
+    sent_in_the_clear = ("each worker's vocabulary, every word with its term and document "
+                         "counts",)
+
     def __init__(self, cfg: ClusterConfig, data: LocalData, device: str, seed: int) -> None:
         super().__init__(cfg, data, device, seed)
         self.train_texts, self.test_texts = data.train_texts, data.test_texts
