@@ -108,8 +108,11 @@ class TrainedModel(ABC):
                 raise ModelError(f"{self.run.path}: trained on features of {expected['name']} "
                                  f"(sha256 {expected['sha256'][:12]}), but the sentence model "
                                  f"here is {found['name']} (sha256 {found['sha256'][:12]})")
+        # The backend the workers embedded with (data.embedding_backend): another one's
+        # features differ in the last digits, and its cache entry is another file.
         return embed_texts(texts, model_path=cfg.data.embedding_model,
-                           cache_dir=cfg.data.cache_dir, device=self.device, progress=progress)
+                           cache_dir=cfg.data.cache_dir, device=self.device, progress=progress,
+                           backend=cfg.data.embedding_backend)
 
     @property
     def input_dim(self) -> int | None:

@@ -29,47 +29,76 @@ class _Document(NamedTuple):
     id: Any  # a JSONL line's own "id", passed through (None: it has none)
 
 
+#: Extensions that say JSONL whatever the first line looks like (case aside).
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
 def _read_texts(path: str) -> list[_Document]:
-    """The ``text`` of every line of a JSONL file (a plain-text file: one document a line)."""
-    docs: list[_Document] = []
-    try:
-        _read_lines(path, docs)
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason}; after "
-                         f"{len(docs)} document(s))") from None
-    if not docs:
+    """The ``text`` of every line of a JSONL file, or every line of a plain-text file (one
+    document a line); ``-`` is standard input.
+
+    JSONL is told by the extension (:data:`JSONL_SUFFIXES`) or, whatever the name (a pipe, a
+    ``.txt``), by a first non-blank line that is a JSON object with a ``"text"`` string: read
+    as plain text, each whole JSON line, its label included, would be embedded instead.
+    """
+    if path == "-":
+        data = click.get_binary_stream("stdin").read()
+    else:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not text
+    lines: list[tuple[int, str]] = []
+    # Line by line, so that an error names its line (the whole file decoded at once would
+    # only say at which byte).
+    for n, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not UTF-8 text ({exc.reason})") from None
+        if line.strip():
+            lines.append((n, line))
+    if not lines:
         raise ValueError(f"{path}: no documents")
+    jsonl = path.lower().endswith(JSONL_SUFFIXES) or _is_document_object(lines[0][1])
+    if not jsonl:
+        return [_Document(n, line, None) for n, line in lines]
+    docs = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc.msg}, column {exc.colno}); the "
+                             f"file is read as JSONL") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
+        docs.append(_Document(n, row["text"], row.get("id")))
     return docs
 
 
-def _read_lines(path: str, docs: list[_Document]) -> None:
-    with open(path, encoding="utf-8-sig") as fh:  # (-sig: a byte-order mark is not text)
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            if path.endswith((".jsonl", ".json")):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg}, column "
-                                     f"{exc.colno})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
-                docs.append(_Document(n, row["text"], row.get("id")))
-            else:
-                docs.append(_Document(n, line.rstrip("\n"), None))
+def _is_document_object(line: str) -> bool:
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and isinstance(row.get("text"), str)
 
 
 @click.command()
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
-@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
-              help="Where to write one JSON line per document (default: standard output).")
+@click.argument("input_path", metavar="INPUT",
+                type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Where to write one JSON line per document (default, or -: standard "
+                   "output).")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="A progress bar while embedding.")
 def predict(run: str, input_path: str, output: str | None, progress: bool) -> None:
     """Apply RUN's trained model to the documents of INPUT (JSONL with a "text" field, or
-    plain text, one document a line), e.g. `fedctl predict runs/latest docs.jsonl -o out.jsonl`.
+    plain text, one document a line; - reads standard input), e.g.
+    `fedctl predict runs/latest docs.jsonl -o out.jsonl`. JSONL is told by the extension
+    (.jsonl, .json, .ndjson) or by a first line that is an object with a "text" string.
 
     Writes one JSON line per document, in order, with its line in INPUT (and a JSONL
     line's "id", if it has one): the MLP's label and class probabilities;
@@ -79,7 +108,10 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     try:
         from fedctl.inference import ModelError, load_model
 
-        if output is not None and Path(output).resolve() == Path(input_path).resolve():
+        if output == "-":
+            output = None
+        if (output is not None and input_path != "-"
+                and Path(output).resolve() == Path(input_path).resolve()):
             raise ValueError(f"--output {output}: that is INPUT; the predictions would replace "
                              f"the documents")
         if output is not None:  # checked before the documents are embedded, not after

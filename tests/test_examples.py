@@ -187,6 +187,20 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     assert shown.exit_code == 0, shown.output
     rows = [json.loads(x) for x in shown.stdout.splitlines()]
     assert [(r["line"], r.get("id")) for r in rows] == [(1, "doc-7"), (3, None)]
+    # JSONL by any other name, or piped in, is JSONL: read as plain text, every whole JSON
+    # line (a label too) was embedded, and the ids were dropped, in silence.
+    piped = CliRunner().invoke(main, ["predict", str(out), "-", "--no-progress", "-o", "-"],
+                               input=ids.read_bytes(), prog_name="fedctl")
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout == shown.stdout
+    named = tmp_path / "ids.TXT"
+    named.write_bytes(ids.read_bytes())
+    again = CliRunner().invoke(main, ["predict", str(out), str(named), "--no-progress"],
+                               prog_name="fedctl")
+    assert again.stdout == shown.stdout, again.output
+    late = tmp_path / "late.txt"
+    late.write_bytes(b"a ship\n" * 999 + b"caf\xe9\n")
+    assert f"{late}:1000: not UTF-8 text" in fedctl("predict", str(out), str(late))
 
     before = docs.read_bytes()
     assert "that is INPUT" in fedctl("predict", str(out), str(docs), "-o", str(docs))
