@@ -226,6 +226,21 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
     (staging / "FAILED").write_text(f"exit code {code}: {why}\n")
     staging.rename(failed)
     log.error("the run failed; its logs are in %s", failed / "logs")
+    _moved_to(staging, failed)
+
+
+def _moved_to(staging: Path, failed: Path) -> None:
+    """The failed folder's cluster.yaml names the folder it is in now (its master wrote to the
+    staging folder, and a resume from the old name found nothing); with a checkpoint, say how
+    to go on (the master's own stop hint named the staging folder too)."""
+    config = failed / "cluster.yaml"
+    if config.is_file():
+        text = config.read_text(encoding="utf-8")
+        if str(staging) in text:
+            atomic_write_bytes(config, text.replace(str(staging), str(failed)).encode())
+    if (failed / "checkpoint.npz").is_file() and config.is_file():
+        log.error("its checkpoint is kept: continue with `fedctl master --config %s --resume` "
+                  "and its workers (`fedctl worker --config %s --id <w>`)", config, config)
 
 
 class Stopped(BaseException):

@@ -228,6 +228,9 @@ def test_runs_never_mix(make_config: MakeConfig, tmp_path: Path) -> None:
     assert (tmp_path / "out.failed" / "FAILED").read_text().startswith("exit code 130")
     assert (tmp_path / "out.failed" / "logs" / "master.log").exists()
     assert not (tmp_path / "out.failed" / "model.npz").exists()
+    # Its cluster.yaml names where it is now: a resume from it looked in out.partial.
+    saved = (tmp_path / "out.failed" / "cluster.yaml").read_text()
+    assert f"output_dir: {tmp_path / 'out.failed'}" in saved and "out.partial" not in saved
     assert json.loads((out / "model.json").read_text())["run_id"] == run_id
 
     replaced = _fedctl("run", "--config", str(config), "--no-progress", "--overwrite")
