@@ -187,4 +187,8 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
                       "rounds": (summary or {}).get("rounds", "-"), "score": headline(summary),
                       "wall_s": wall_time(folder), "state": state,
                       "started": started(folder), "mtime": folder.stat().st_mtime})
-    return sorted(found, key=lambda e: (e["mtime"], e["path"].name))
+    # By when each began: a folder's time changes whenever anything is written in it (a
+    # prediction saved there moved an old run to the end); the folder's time only where no
+    # event says.
+    return sorted(found, key=lambda e: (e["started"] if e["started"] is not None
+                                        else e["mtime"], e["path"].name))

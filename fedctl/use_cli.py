@@ -185,10 +185,17 @@ def show(run: str) -> None:
     cfg = r.config
     wall = wall_time(folder)
     click.echo(f"run {s.get('run_id', '?')} in {folder.resolve()}")
+    failed = folder / "FAILED"
+    if failed.is_file() or s.get("failed"):
+        note = failed.read_text(errors="replace").strip() if failed.is_file() else s["failed"]
+        click.echo(f"FAILED: {note}")
     click.echo(f"family {r.family} ({json.dumps(r.model.get('params') or cfg.family_params)}), "
-               f"strategy {cfg.strategy.get('name')}, {len(cfg.workers)} worker(s): "
+               f"strategy {_strategy_name(cfg)}, {len(cfg.workers)} worker(s): "
                f"{', '.join(w.name for w in cfg.workers)}")
-    click.echo(f"rounds {s.get('rounds', '?')}, trained {s.get('trained', '?')}, "
+    trained = s.get("trained", "?")
+    if isinstance(trained, dict):  # {"rounds": 10, "steps": 2}: "10 rounds, 2 steps"
+        trained = ", ".join(f"{v} {k}" for k, v in trained.items())
+    click.echo(f"rounds {s.get('rounds', '?')}, trained {trained}, "
                f"wall time {'-' if wall is None else f'{wall:.1f} s'}, "
                f"data {cfg.data.path} ({cfg.data.task}, {cfg.data.partition})")
     if s.get("refused"):
@@ -199,6 +206,18 @@ def show(run: str) -> None:
     if table.is_file():
         click.echo("")
         click.echo(table.read_text().rstrip())
+
+
+def _strategy_name(cfg: Any) -> str:
+    """What aggregates: the strategy, or "its own rule" for a family that has one (lda, fstc:
+    their config's fedavg is the default, not what runs)."""
+    from master.families import server_family_class
+
+    try:
+        own = server_family_class(cfg).own_rule
+    except Exception:  # a family this install lacks (a plugin): say what the file says
+        own = None
+    return "its own rule" if own is not None else str(cfg.strategy.get("name"))
 
 
 @click.command("runs")

@@ -226,6 +226,8 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     (damaged / "FAILED").write_text("exit code 143: see logs/ (interrupted)\n")
     assert "its run failed: exit code 143" in fedctl("predict", str(damaged), str(docs))
     shutil.copy(out / "model.npz", damaged / "model.npz")
+    shown = CliRunner().invoke(main, ["show", str(damaged)], prog_name="fedctl")
+    assert "FAILED: exit code 143: see logs/ (interrupted)" in shown.stdout, shown.output
     spec = json.loads((out / "model.json").read_text())
     spec["setup"]["classes"] = spec["setup"]["classes"][:1]
     (damaged / "model.json").write_text(json.dumps(spec))

@@ -16,11 +16,13 @@ from fedctl.run import output_folder, point_history_link, resume_folder
 from fedctl.runs import list_runs
 
 
-def _run_dir(root: Path, name: str, finished: bool, checkpoint: bool = True) -> Path:
+def _run_dir(root: Path, name: str, finished: bool, checkpoint: bool = True,
+             start: float = 1.0) -> Path:
     d = root / name
     d.mkdir(parents=True)
-    (d / "metrics.jsonl").write_text(json.dumps({"event": "start", "time": 1.0}) + "\n"
-                                     + json.dumps({"event": "done", "time": 4.5}) + "\n")
+    (d / "metrics.jsonl").write_text(json.dumps({"event": "start", "time": start}) + "\n"
+                                     + json.dumps({"event": "done", "time": start + 3.5})
+                                     + "\n")
     if checkpoint:
         (d / "checkpoint.npz").write_bytes(b"x")
     if finished:
@@ -92,3 +94,13 @@ def test_fedctl_runs_says_when_and_refuses_a_missing_folder(tmp_path: Path) -> N
     assert time.strftime("%Y-%m-%d %H:%M", time.localtime(1.0)) in row
     missing = CliRunner().invoke(main, ["runs", str(tmp_path / "nope")], prog_name="fedctl")
     assert missing.exit_code == 1 and "no such folder" in missing.stderr
+
+
+def test_fedctl_runs_lists_runs_by_when_they_began(tmp_path: Path) -> None:
+    """Newest last by start, not by the folder's time: a prediction saved in an old run's
+    folder moved it to the end."""
+    runs = tmp_path / "runs"
+    first = _run_dir(runs, "zz-first", finished=True, start=100.0)
+    _run_dir(runs, "aa-second", finished=True, start=200.0)
+    (first / "predictions.jsonl").write_text("{}\n")  # touches the folder last
+    assert [e["path"].name for e in list_runs(runs)] == ["zz-first", "aa-second"]
