@@ -72,9 +72,21 @@ def _label(run_dir: Path) -> str:
 
     try:
         cfg = load_config(run_dir / "cluster.yaml")
-        return f"{cfg.family} {cfg.strategy.get('name')}"
     except Exception:  # a folder without its config: its name will do
         return run_dir.name
+    from fedctl.runs import strategy_name
+
+    name = strategy_name(cfg)
+    return f"{cfg.family} {'(its own rule)' if name == 'its own rule' else name}"
+
+
+def _seed(run_dir: Path) -> object:
+    from common.config import load_config
+
+    try:
+        return load_config(run_dir / "cluster.yaml").seed
+    except Exception:
+        return run_dir  # unknown: counted apart
 
 
 def _seedless(run_dir: Path) -> str:
@@ -110,7 +122,11 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
     if empty:  # a picture of empty axes says nothing; say why instead
         raise ValueError(f"{', '.join(empty)}: no round done yet (nothing to draw)")
     fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5))
-    score_label = next((c["score"][1] for c in data.values() if c["score"]), None)
+    labels = {c["score"][1] for c in data.values() if c["score"]}
+    # Runs scored differently (an MLP's macro-F1, LDA's NPMI) share the axis only with each
+    # score named in the legend: one axis title would pass one for the other.
+    mixed = len(labels) > 1
+    score_label = "score (each run's: see the legend)" if mixed else next(iter(labels), None)
     if len(dirs) == 1:
         c = data[dirs[0]]
         for i, (w, curve) in enumerate(sorted(c["per_worker"].items())):
@@ -128,8 +144,11 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
         for d in dirs:
             groups[_seedless(d)].append(d)
         for i, members in enumerate(groups.values()):
+            # Copies of one run (the same seed) are runs, not seeds.
+            seeds = len({_seed(m) for m in members})
             name = _label(members[0]) + ("" if len(members) == 1 else
-                                         f" ({len(members)} seeds)")
+                                         f" ({len(members)} seeds)" if seeds == len(members)
+                                         else f" ({len(members)} runs, {seeds} seed(s))")
             if len(groups) > 1 and len({_label(m) for g in groups.values() for m in g}) == 1:
                 name = ", ".join(m.name for m in members)  # same family and strategy
             means = [_mean_curve(data[m]["per_worker"]) for m in members
@@ -137,7 +156,9 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
             if means:
                 xs = sorted(set.intersection(*(set(x) for x, _ in means)))
                 ys = np.array([[dict(zip(x, y, strict=True))[r] for r in xs] for x, y in means])
-                ax_s.plot(xs, ys.mean(0), lw=2, color=f"C{i}", label=name)
+                score = data[members[0]]["score"]
+                ax_s.plot(xs, ys.mean(0), lw=2, color=f"C{i}",
+                          label=f"{name}: {score[1]}" if mixed and score else name)
                 if len(means) > 1:
                     ax_s.fill_between(xs, ys.min(0), ys.max(0), color=f"C{i}", alpha=0.2)
             durs = [data[m] for m in members]

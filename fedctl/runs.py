@@ -130,6 +130,18 @@ def wall_time(run_dir: str | Path) -> float | None:
     return max(times) - min(times) if len(times) > 1 else None
 
 
+def strategy_name(cfg: ClusterConfig) -> str:
+    """What aggregates: the strategy, or "its own rule" for a family that has one (lda, fstc:
+    their config's fedavg is the default, not what runs)."""
+    from master.families import server_family_class
+
+    try:
+        own = server_family_class(cfg).own_rule
+    except Exception:  # a family this install lacks (a plugin): say what the file says
+        own = None
+    return "its own rule" if own is not None else str(cfg.strategy.get("name"))
+
+
 #: The score a run's one-line summary names: the first of these its workers reported.
 HEADLINES = (("macro_f1", "macro-F1"), ("accuracy", "accuracy"), ("npmi_doc", "NPMI"),
              ("perplexity", "perplexity"), ("nmi", "NMI"))

@@ -118,6 +118,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
             _check_writable(Path(output))
         docs = _read_texts(input_path)
         model = load_model(run)
+        _warn_if_failed(run)
         # All at once: the embeddings are cached under the whole list, so a file the cluster
         # trained on costs no embedding at all.
         records = model.records([d.text for d in docs], progress=progress)
@@ -134,6 +135,15 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
         except OSError as exc:  # no room, no permission
             fail(OSError(f"--output {output}: cannot write ({exc.strerror or exc})"))
         click.echo(f"{len(lines)} predictions written to {output}", err=True)
+
+
+def _warn_if_failed(run: str) -> None:
+    """A run that failed after writing its model (killed during its final reports) is used,
+    but not in silence."""
+    note = Path(run) / "FAILED"
+    if note.is_file():
+        click.echo(f"warning: {run}: its run failed ({note.read_text(errors='replace').strip()}"
+                   f"); this is the model it had written", err=True)
 
 
 def _check_writable(path: Path) -> None:
@@ -159,6 +169,7 @@ def topics(run: str, n_words: int) -> None:
         from fedctl.inference import ModelError, TopicModel, load_model
 
         model = load_model(run)
+        _warn_if_failed(run)
         if not isinstance(model, TopicModel):
             raise ModelError(f"{run}: family {model.family} has no topics (a {model.kind})")
     except (FileNotFoundError, ValueError) as exc:
@@ -176,7 +187,7 @@ def show(run: str) -> None:
     scores and the comparison table. RUN defaults to runs/latest."""
     folder = Path(run)
     try:
-        from fedctl.runs import load_run, wall_time
+        from fedctl.runs import load_run, strategy_name, wall_time
 
         r = load_run(folder)
     except (FileNotFoundError, ValueError) as exc:
@@ -190,7 +201,7 @@ def show(run: str) -> None:
         note = failed.read_text(errors="replace").strip() if failed.is_file() else s["failed"]
         click.echo(f"FAILED: {note}")
     click.echo(f"family {r.family} ({json.dumps(r.model.get('params') or cfg.family_params)}), "
-               f"strategy {_strategy_name(cfg)}, {len(cfg.workers)} worker(s): "
+               f"strategy {strategy_name(cfg)}, {len(cfg.workers)} worker(s): "
                f"{', '.join(w.name for w in cfg.workers)}")
     trained = s.get("trained", "?")
     if isinstance(trained, dict):  # {"rounds": 10, "steps": 2}: "10 rounds, 2 steps"
@@ -206,18 +217,6 @@ def show(run: str) -> None:
     if table.is_file():
         click.echo("")
         click.echo(table.read_text().rstrip())
-
-
-def _strategy_name(cfg: Any) -> str:
-    """What aggregates: the strategy, or "its own rule" for a family that has one (lda, fstc:
-    their config's fedavg is the default, not what runs)."""
-    from master.families import server_family_class
-
-    try:
-        own = server_family_class(cfg).own_rule
-    except Exception:  # a family this install lacks (a plugin): say what the file says
-        own = None
-    return "its own rule" if own is not None else str(cfg.strategy.get("name"))
 
 
 @click.command("runs")

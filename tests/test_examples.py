@@ -228,6 +228,9 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     shutil.copy(out / "model.npz", damaged / "model.npz")
     shown = CliRunner().invoke(main, ["show", str(damaged)], prog_name="fedctl")
     assert "FAILED: exit code 143: see logs/ (interrupted)" in shown.stdout, shown.output
+    used = CliRunner().invoke(main, ["predict", str(damaged), str(docs), "--no-progress"],
+                              prog_name="fedctl")
+    assert used.exit_code == 0 and "its run failed (exit code 143" in used.stderr, used.output
     spec = json.loads((out / "model.json").read_text())
     spec["setup"]["classes"] = spec["setup"]["classes"][:1]
     (damaged / "model.json").write_text(json.dumps(spec))

@@ -104,3 +104,20 @@ def test_fedctl_runs_lists_runs_by_when_they_began(tmp_path: Path) -> None:
     _run_dir(runs, "aa-second", finished=True, start=200.0)
     (first / "predictions.jsonl").write_text("{}\n")  # touches the folder last
     assert [e["path"].name for e in list_runs(runs)] == ["zz-first", "aa-second"]
+
+
+def test_a_runs_label_names_what_aggregated_and_copies_are_not_seeds(tmp_path: Path) -> None:
+    """lda and fstc aggregate by their own rule: their config's fedavg is an unused default
+    (show and plot said fedavg). A run and its copy share a seed: two runs, not two seeds."""
+    from common.config import load_config
+    from fedctl.plots import _label, _seed
+    from fedctl.runs import strategy_name
+
+    lda, copy, mlp = (tmp_path / n for n in ("lda", "copy", "mlp"))
+    for d, family, seed in ((lda, "lda", 0), (copy, "lda", 0), (mlp, "mlp", 3)):
+        d.mkdir()
+        (d / "cluster.yaml").write_text(f"workers: [w1]\nmodel: {{family: {family}}}\n"
+                                        f"seed: {seed}\n")
+    assert strategy_name(load_config(lda / "cluster.yaml")) == "its own rule"
+    assert _label(lda) == "lda (its own rule)" and _label(mlp) == "mlp fedavg"
+    assert _seed(lda) == _seed(copy) != _seed(mlp)
