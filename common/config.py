@@ -324,6 +324,10 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             setattr(cfg, key, raw[key])
 
     d = _section(raw, "data", set(DataConfig.__dataclass_fields__), src)
+    # Labels are read as text (a JSON 8 is the label "8"), so a number names its class too:
+    # `--set data.positive=8` was refused as "expected a string, got 8".
+    if isinstance(d.get("positive"), int | float) and not isinstance(d["positive"], bool):
+        d["positive"] = str(d["positive"])
     data = DataConfig(**d)
     _expect(isinstance(data.path, str) and data.path, f"{src}: data.path", "a path", data.path)
     for key in ("cache_dir", "embedding_model", "embedding_backend", "positive"):

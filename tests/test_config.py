@@ -399,3 +399,14 @@ def test_model_may_be_just_its_family(tmp_path):
 def test_model_shorthand_takes_overrides(tmp_path):
     cfg = load_config(write(tmp_path, "model: nmf\n"), ("model.n_topics=7",))
     assert cfg.model == {"family": "nmf", "n_topics": 7}
+
+
+def test_a_numeric_positive_class_names_the_label_read_as_text() -> None:
+    """Labels are read as text (a JSON 8 is "8"): `--set data.positive=8` named it, and was
+    refused as "expected a string, got 8"."""
+    cfg = parse_config({"data": {"path": "x.jsonl", "task": "one_vs_rest", "positive": 8}})
+    assert cfg.data.positive == "8"
+    from common.data.reading import make_task
+
+    y, classes = make_task(["8", "3", "8"], task="one_vs_rest", positive=cfg.data.positive)
+    assert y.tolist() == [1, 0, 1] and classes == ["rest", "8"]
