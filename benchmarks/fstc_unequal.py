@@ -156,7 +156,12 @@ def main() -> None:
     earlier_wall = 0.0
     if args.merge and (out / f"{args.name}.json").exists():
         old = json.loads((out / f"{args.name}.json").read_text())
-        earlier, earlier_wall = old["cells"], old["wall_seconds"]
+        if f"--iterations {args.iterations} " not in old["command"] + " ":
+            sys.exit(f"--merge: {args.name}.json was run as `{old['command']}`, not with "
+                     f"--iterations {args.iterations}")
+        # Only cells of the same budget (a --quick run's 4 rounds are not kept).
+        earlier = [c for c in old["cells"] if c.get("rounds") == args.rounds]
+        earlier_wall = old["wall_seconds"]
     done = {(c["dataset"], c["scheme"], c["seed"]) for c in earlier}
     info = {}
     for s in sets:  # embeds each source once (cached), before the processes want it
@@ -186,7 +191,8 @@ def main() -> None:
     command = (f"python benchmarks/fstc_unequal.py --seeds {args.seeds} --dirichlet-seeds "
                f"{args.dirichlet_seeds} --rounds {args.rounds} --iterations {args.iterations} "
                f"--jobs {args.jobs}" + ("" if sets == SETS else f" --sets {' '.join(sets)}")
-               + ("" if args.name == "fstc_unequal" else f" --name {args.name}"))
+               + ("" if args.name == "fstc_unequal" else f" --name {args.name}")
+               + (" --merge" if args.merge else ""))
     lines = ["# FSTC on unequal and many clusters", "",
              f"`{command}`; {wall / 60:.1f} min on {args.jobs} process(es) of a shared 2-core "
              "CPU. ACC (Hungarian) in %, of the global model on all documents, mean ± std over "

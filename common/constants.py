@@ -48,6 +48,8 @@ MEMORY_SETTLE_S = 2.0
 MASTER_LOCK = "master.lock"
 #: The final reports a master has received, a line each as they come (a resumed master reads them).
 REPORTS_FILE = "reports.jsonl"
+#: The note `fedctl run` leaves in a failed run's folder (`<output>.failed`): why it failed.
+FAILED_NOTE = "FAILED"
 
 #: Most arrays one message may carry.
 MAX_ARRAYS = 1024

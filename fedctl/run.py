@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
+from common import constants as C
 from common.atomic import atomic_write_bytes, is_locked
 from common.config import ClusterConfig, ConfigError, config_to_dict
 from common.constants import MASTER_LOCK, REPORTS_FILE
@@ -52,8 +53,8 @@ HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs
 #: folder with anything more (a project that happens to hold a checkpoint.npz) is the user's.
 RUN_FILES = frozenset({
     "cluster.yaml", "logs", "metrics.jsonl", "model.npz", "model.json", "summary.json",
-    "comparison.md", "comparison.json", "checkpoint.npz", "curves.png", "FAILED", "master.prof",
-    "workers", "tensorboard", "mlruns", MASTER_LOCK, REPORTS_FILE})
+    "comparison.md", "comparison.json", "checkpoint.npz", "curves.png", C.FAILED_NOTE,
+    "master.prof", "workers", "tensorboard", "mlruns", MASTER_LOCK, REPORTS_FILE})
 #: An atomic write's temp file left by a killed run (common/atomic.py names them so).
 _TEMP = re.compile(r"^\..+\.tmp$")
 
@@ -223,7 +224,7 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
             failed = final.with_name(f"{final.name}.failed-{secrets.token_hex(3)}")
     if why is None:
         why = "see logs/ (" + ("interrupted" if code > 128 else "a process failed") + ")"
-    (staging / "FAILED").write_text(f"exit code {code}: {why}\n")
+    (staging / C.FAILED_NOTE).write_text(f"exit code {code}: {why}\n")
     staging.rename(failed)
     log.error("the run failed; its logs are in %s", failed / "logs")
     _moved_to(staging, failed)
@@ -235,9 +236,24 @@ def _moved_to(staging: Path, failed: Path) -> None:
     to go on (the master's own stop hint named the staging folder too)."""
     config = failed / "cluster.yaml"
     if config.is_file():
-        text = config.read_text(encoding="utf-8")
-        if str(staging) in text:
-            atomic_write_bytes(config, text.replace(str(staging), str(failed)).encode())
+        try:
+            raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            raw = None
+        if isinstance(raw, dict):
+            # Paths, component by component: the staging folder itself, or inside it.
+            inside = str(staging) + os.sep
+
+            def moved(v: Any) -> Any:
+                if isinstance(v, dict):
+                    return {k: moved(x) for k, x in v.items()}
+                if isinstance(v, list):
+                    return [moved(x) for x in v]
+                if isinstance(v, str) and (v == str(staging) or v.startswith(inside)):
+                    return str(failed) + v[len(str(staging)):]
+                return v
+
+            atomic_write_bytes(config, yaml.safe_dump(moved(raw), sort_keys=False).encode())
     if (failed / "checkpoint.npz").is_file() and config.is_file():
         log.error("its checkpoint is kept: continue with `fedctl master --config %s --resume` "
                   "and its workers (`fedctl worker --config %s --id <w>`)", config, config)

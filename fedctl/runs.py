@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from common import constants as C
 from common.config import ClusterConfig, load_config
 from common.runlog import read_metrics
 from fedctl.errors import one_line
@@ -93,7 +94,7 @@ def load_run(path: str | Path) -> Run:
 def _why_no_model(folder: Path) -> str:
     """Why a folder holds no model, for the one-line error: its run failed (and why), is
     still running or was stopped, or is not a run at all."""
-    note = folder / "FAILED"
+    note = folder / C.FAILED_NOTE
     if note.is_file():
         why = one_line(note.read_text(errors="replace")) or "no reason written"
         return f"its run failed: {why}"
@@ -105,7 +106,7 @@ def _why_no_model(folder: Path) -> str:
 
 
 #: Files only a run writes: a folder holding one of them is listed by :func:`list_runs`.
-RUN_MARKS = ("metrics.jsonl", "summary.json", "model.json", "FAILED")
+RUN_MARKS = ("metrics.jsonl", "summary.json", "model.json", C.FAILED_NOTE)
 
 
 def started(run_dir: str | Path) -> float | None:
@@ -139,7 +140,10 @@ def strategy_name(cfg: ClusterConfig) -> str:
         own = server_family_class(cfg).own_rule
     except Exception:  # a family this install lacks (a plugin): say what the file says
         own = None
-    return "its own rule" if own is not None else str(cfg.strategy.get("name"))
+    if own is not None:
+        return "its own rule"
+    # client_dp replaces the strategy with DP-FedAvg (master.families), as check says.
+    return "dpfedavg" if cfg.privacy.client_dp is not None else str(cfg.strategy.get("name"))
 
 
 #: The score a run's one-line summary names: the first of these its workers reported.
@@ -181,8 +185,9 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
             damaged = None
         if damaged is not None:
             state = f"damaged: {Path(damaged.split(': ', 1)[0]).name} unreadable"
-        elif folder.name.endswith(".failed") or (folder / "FAILED").exists() or (
-                summary or {}).get("failed"):
+        elif (folder / C.FAILED_NOTE).exists() or (summary or {}).get("failed") or (
+                folder.name.endswith(".failed") and summary is None):
+            # (a failed run resumed to its end has its summary and no note: finished)
             state = "failed"
         elif summary is not None and (folder / "model.npz").is_file():
             state = "finished"

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import click
 
+from common import constants as C
 from common.atomic import atomic_write_bytes
 from fedctl.errors import fail
 
@@ -140,7 +141,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
 def _warn_if_failed(run: str) -> None:
     """A run that failed after writing its model (killed during its final reports) is used,
     but not in silence."""
-    note = Path(run) / "FAILED"
+    note = Path(run) / C.FAILED_NOTE
     if note.is_file():
         click.echo(f"warning: {run}: its run failed ({note.read_text(errors='replace').strip()}"
                    f"); this is the model it had written", err=True)
@@ -196,7 +197,7 @@ def show(run: str) -> None:
     cfg = r.config
     wall = wall_time(folder)
     click.echo(f"run {s.get('run_id', '?')} in {folder.resolve()}")
-    failed = folder / "FAILED"
+    failed = folder / C.FAILED_NOTE
     if failed.is_file() or s.get("failed"):
         note = failed.read_text(errors="replace").strip() if failed.is_file() else s["failed"]
         click.echo(f"FAILED: {note}")

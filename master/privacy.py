@@ -54,7 +54,11 @@ class PrivacyLedger:
 
     def note_workers(self, n_workers: int) -> None:
         """The rounds to come draw from ``n_workers`` registered workers."""
-        rate = client_sample_rate(self.client_fraction, n_workers)
+        self.note_rate(client_sample_rate(self.client_fraction, n_workers))
+
+    def note_rate(self, rate: float) -> None:
+        """A round drew workers at ``rate`` (or a checkpoint says one did): the highest is
+        the one counted."""
         if self.client_rate_ is None or rate > self.client_rate_:
             self.client_rate_ = rate
             self._client.clear()

@@ -175,7 +175,8 @@ def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> 
     """The close rule: every live participant has reported, or the deadline has passed, and in
     either case at least ``min(min_workers, participants)`` updates are in; or the deadline
     has passed and every participant still out had its update refused (it will not send
-    another: the round closes with what it has, perhaps nothing). Dead participants are dropped
+    another: the round closes with what it has, perhaps nothing), or, where the sample
+    ignores liveness (DP-FedAvg), is down. Dead participants are dropped
     at once rather than at the deadline."""
     live = [w for w in rnd.waiting() if w in roster and roster.alive(w, now)]
     enough = len(rnd.results) >= min(min_workers, len(rnd.participants))
@@ -183,6 +184,10 @@ def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> 
         return True
     if now >= rnd.deadline and live and set(live) <= rnd.refused:
         return True  # past the deadline, and those still out had their updates refused
+    if now >= rnd.deadline and not live and not roster.among_live:
+        # DP-FedAvg draws down workers too (its accountant needs k / N): one drawn down must
+        # not hold the job for ever; the round closes with what came, perhaps nothing.
+        return True
     if now >= rnd.deadline and now - rnd.last_wait_log >= WAIT_LOG_INTERVAL_S:
         rnd.last_wait_log = now
         log.warning("round %d: deadline passed with %d update(s), min_workers=%d; waiting for "

@@ -1079,6 +1079,7 @@ class Master:
             # excluded worker must stay excluded).
             "excluded": dict(self.excluded), "refused": self._refusals(),
             "errors_served": self.errors_served,
+            "client_rate": self.privacy.client_rate_,
             "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -1099,6 +1100,11 @@ class Master:
         self.run_id = m["run_id"]
         self.version = int(m["version"])
         self.roster.restore(m["registrations"], m["rng_state"])
+        # The highest rate rounds drew workers at so far, and the roster's own: a master
+        # resumed into its final reports draws no more, and stated ε at client_fraction's.
+        if m.get("client_rate") is not None:
+            self.privacy.note_rate(float(m["client_rate"]))
+        self.privacy.note_workers(len(self.roster))
         self.excluded = {str(w): str(why) for w, why in (m.get("excluded") or {}).items()}
         self._expected -= set(self.excluded)
         for w, counts in (m.get("refused") or {}).items():
@@ -1168,6 +1174,10 @@ class Master:
                 if self.cfg.privacy.any else {})},
             self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
+        note = self.out / C.FAILED_NOTE
+        if count and note.is_file():  # a failed run resumed to its end has not failed
+            note.unlink()
+            log.info("%s: removed; this run failed once and was resumed to its end", note)
         log.info("results in %s\n%s", self.out, table)
         self.phase = DONE
         # A last few announcements so workers still listening learn the job is over.

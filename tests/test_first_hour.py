@@ -617,3 +617,24 @@ def test_an_error_of_several_lines_is_joined_not_cut() -> None:
                              "[32, 384].")
     assert one_line(ValueError()) == "ValueError"
     assert len(one_line(ValueError("x" * 5000))) == MAX_CHARS
+
+
+def test_a_failed_runs_config_names_its_folder_path_by_path(tmp_path: Path) -> None:
+    """The staging path is replaced where a value is it or lies in it, read as YAML: a plain
+    text replace missed a path YAML had escaped (José) and rewrote a sibling's (out.partial-old)."""
+    import yaml
+
+    from fedctl.run import _moved_to
+
+    root = tmp_path / "José"
+    staging, failed = root / "out.partial", root / "out.failed"
+    failed.mkdir(parents=True)
+    (failed / "cluster.yaml").write_text(yaml.safe_dump({
+        "output_dir": str(staging), "data": {"path": str(root / "out.partial-old" / "d.jsonl"),
+                                             "cache_dir": str(staging / "cache")}}))
+    assert "Jos\\" in (failed / "cluster.yaml").read_text()  # escaped by YAML
+    _moved_to(staging, failed)
+    raw = yaml.safe_load((failed / "cluster.yaml").read_text())
+    assert raw["output_dir"] == str(failed)
+    assert raw["data"]["cache_dir"] == str(failed / "cache")
+    assert raw["data"]["path"] == str(root / "out.partial-old" / "d.jsonl")  # not its own

@@ -121,3 +121,15 @@ def test_a_runs_label_names_what_aggregated_and_copies_are_not_seeds(tmp_path: P
     assert strategy_name(load_config(lda / "cluster.yaml")) == "its own rule"
     assert _label(lda) == "lda (its own rule)" and _label(mlp) == "mlp fedavg"
     assert _seed(lda) == _seed(copy) != _seed(mlp)
+
+
+def test_a_failed_run_resumed_to_its_end_is_listed_finished(tmp_path: Path) -> None:
+    """Resumed in its <output>.failed folder, the master removes the FAILED note when it ends
+    with something trained; the folder's name alone does not make it failed."""
+    runs = tmp_path / "runs"
+    resumed = _run_dir(runs, "out.failed", finished=True)
+    still = _run_dir(runs, "other.failed", finished=False)
+    (still / "FAILED").write_text("exit code 143\n")
+    states = {e["path"].name: e["state"] for e in list_runs(runs)}
+    assert states == {"out.failed": "finished", "other.failed": "failed"}
+    assert resumed.is_dir()

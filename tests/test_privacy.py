@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,13 @@ def test_fedctl_check_says_what_no_privacy_mechanism_covers() -> None:
     assert "iFTM's Laplace noise (ε 11) on each party's document–topic counts" in said, said
     assert "vocabulary, every word with its term and document counts" in said, said
     assert "the word–topic counts, exactly" in said, said
+    # The noise is on by default (ε 11), and off at 0: check said nothing, then "ε 0".
+    default = run_fedctl("check", "-c", str(ROOT / "examples" / "lda_privacy.yaml"),
+                         "--no-ports", "--set", "privacy={}").stdout
+    assert "iFTM's Laplace noise (ε 11)" in default, default
+    off = run_fedctl("check", "-c", str(ROOT / "examples" / "lda_privacy.yaml"), "--no-ports",
+                     "--set", "privacy={}", "--set", "model.epsilon=0").stdout
+    assert "Privacy:" not in off, off
 
 
 def test_laplace_moves_under_privacy_with_its_meaning(tmp_path: Path) -> None:
@@ -309,6 +317,10 @@ def test_client_level_epsilon_is_counted_at_the_rate_workers_are_drawn() -> None
         epsilon(1.0, 0.5, 20, cfg.privacy.delta), rel=1e-9)
     ledger.note_workers(3)  # the highest rate stays
     assert ledger.client_epsilon(20) == pytest.approx(epsilon(1.0, 0.5, 20, cfg.privacy.delta))
+    # A resumed master's ledger takes the checkpoint's rate (it said client_fraction's).
+    resumed = PrivacyLedger(cfg.privacy, cfg.client_fraction)
+    resumed.note_rate(ledger.client_rate_)
+    assert resumed.summary(20)["client_epsilon"] == pytest.approx(ledger.client_epsilon(20))
 
     roster = Roster(heartbeat_timeout=5.0, client_fraction=0.5, seed=0, among_live=False)
     for w in ("w1", "w2", "w3", "w4"):
@@ -316,6 +328,13 @@ def test_client_level_epsilon_is_counted_at_the_rate_workers_are_drawn() -> None
     roster.workers["w1"].last_seen -= 60  # down
     drawn = [w for _ in range(400) for w in roster.sample()]
     assert 0.4 < drawn.count("w1") / 400 < 0.6  # still drawn at k/N = 1/2
+    # A round that drew only down workers closes at its deadline rather than wait for ever.
+    from master.rounds import RoundState, may_close
+
+    now = time.monotonic()
+    rnd = RoundState(7, now, now + 10, ["w1"])
+    assert not may_close(rnd, roster, 1, now + 1)
+    assert may_close(rnd, roster, 1, now + 11)
     live_only = Roster(heartbeat_timeout=5.0, client_fraction=0.5, seed=0)
     for w in ("w1", "w2", "w3", "w4"):
         live_only.add(w, 10, "cpu", {})

@@ -562,6 +562,10 @@ class Worker:
         self._load_state(tree)
         if stream is not None:
             self.family.resume_privacy_stream(stream)
+            # On disk too: back_to deleted the newer snapshots, the only files that held the
+            # stream as it is, and a worker killed before its next save would restart from
+            # this one's and draw the sent rounds' noise again.
+            self.snapshots.save(self.state_round, self._state())
         log.info("round %d builds on round %d: back to %s's state after round %d%s", rnd, base,
                  self.worker_id, self.state_round,
                  "" if stream is None else " (its privacy noise and accountant go on as they "
