@@ -24,6 +24,7 @@ import secrets
 import shutil
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -142,7 +143,13 @@ def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str 
             raise
         if code == 0:
             _publish(cfg, staging, final, link)
-            _print_results(final)
+            try:
+                _print_results(final)
+            except OSError:  # the reader left (`| head`): the results are in their folder
+                # Python's advice for a broken pipe: point stdout at /dev/null, so that the
+                # flush at exit fails no more.
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
         else:
             _keep_failed(staging, final, code)
     return code
@@ -346,10 +353,15 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
                     if f1 is not None else ""]
             said += [f"{label} {e[key]:.2f}" for key, label in
                      (("epsilon", "ε"), ("client_epsilon", "client ε")) if e.get(key) is not None]
-            bar.set_postfix_str(", ".join(x for x in said if x))
             if bar.total is not None and bar.n >= bar.total:
                 bar.total = bar.n + 1  # a redone synchronous step takes rounds past `rounds`
-            bar.update(1)
+            try:
+                bar.set_postfix_str(", ".join(x for x in said if x))
+                bar.update(1)
+            except OSError:
+                # The terminal or the pipe's reader is gone (`fedctl run | head`, a closed
+                # window under nohup): the run goes on without its bar (it ended with exit 1).
+                bar.disable = True
         failed = cluster.failed()
         if failed:
             log.error("%s", cluster.failure_report(failed))

@@ -638,3 +638,21 @@ def test_a_failed_runs_config_names_its_folder_path_by_path(tmp_path: Path) -> N
     assert raw["output_dir"] == str(failed)
     assert raw["data"]["cache_dir"] == str(failed / "cache")
     assert raw["data"]["path"] == str(root / "out.partial-old" / "d.jsonl")  # not its own
+
+
+@pytest.mark.slow
+def test_a_run_whose_output_reader_left_trains_to_its_end(make_config: MakeConfig,
+                                                          tmp_path: Path) -> None:
+    """`fedctl run | head`, or a window closed under nohup: the progress bar's writes fail.
+    The run went down with exit 1 at the next round (and, racing a stop signal, said 1 where
+    the signal's code was due); it now goes on without its bar."""
+    config = make_config(tmp_path, workers=2, rounds=40, model={"family": "mlp", "hidden": 8})
+    run = _run_in_background(config, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert run.stdout is not None and run.stderr is not None
+        run.stdout.close()
+        run.stderr.close()
+        assert run.wait(timeout=300) == 0
+    finally:
+        kill_tree(run)
+    assert (tmp_path / "out" / "model.npz").is_file()
