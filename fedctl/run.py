@@ -277,15 +277,7 @@ class Stopped(BaseException):
         self.signum = signum
 
 
-#: Stop signals received and not yet acted on. The handler raises where the main thread is,
-#: which may be inside a finalizer (a ``__del__``, a garbage-collection callback) whose
-#: exceptions Python prints and drops: the loop that follows the run looks here too, so a
-#: signal is never lost (once under load, SIGHUP was, and the run trained on).
-_pending: list[int] = []
-
-
 def _stop_on(signum: int, frame: object) -> None:
-    _pending.append(signum)
     raise Stopped(signum)
 
 
@@ -336,7 +328,6 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
         log.warning("stopped by %s: stopping the master and workers", exc)
         code = 128 + exc.signum
     finally:
-        _pending.clear()
         # A second signal (Ctrl-C again too) must not cut the stop short: it is bounded.
         held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *before)}
         try:
@@ -356,8 +347,6 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
     tail = MetricsTail(metrics_path)
     while True:
         time.sleep(POLL_S)
-        if _pending:  # a stop whose raise was dropped (see _pending)
-            raise Stopped(_pending[-1])
         for e in (e for e in tail.new_events() if e["event"] == "round"):
             f1 = e.get("mean_macro_f1")
             said = [f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
