@@ -369,6 +369,13 @@ def test_run_needs_its_workers_listed(make_config: MakeConfig, tmp_path: Path) -
                          "worker: list them, or pass --workers N")
 
 
+def _hangup_heard() -> None:
+    """In the child, before exec: SIGHUP's default action. A suite run under `nohup` hands
+    its children SIGHUP ignored, which fedctl run rightly keeps (nohup's meaning), and the
+    SIGHUP below went unheard: the run trained on until killed."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _alive(pid: int) -> bool:
     """Running, not a zombie waiting for its parent."""
     try:
@@ -388,7 +395,8 @@ def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tm
     # With its progress bar writing to a pipe: the terminal closed, or the parent killed first,
     # the last writes fail; the stop must not be cut short by them (it was: the launcher
     # then waited for ever on its still-running children).
-    run = _run_in_background(config, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run = _run_in_background(config, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=_hangup_heard)
     try:
         started = descendants(run.pid)
         assert len(started) >= 3  # the master and two workers (and a fork server)
