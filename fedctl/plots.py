@@ -11,6 +11,7 @@ a band from the lowest to the highest.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,13 +67,21 @@ def _summary(run_dir: Path) -> dict[str, Any] | None:
     return read_json(run_dir / "summary.json")
 
 
-def _label(run_dir: Path) -> str:
-    """What tells runs apart in a legend: family, strategy, and the folder's name."""
+@functools.cache
+def _config(run_dir: Path) -> Any:
+    """The run's cluster.yaml, read once however many labels and groups ask (None: none)."""
     from common.config import load_config
 
     try:
-        cfg = load_config(run_dir / "cluster.yaml")
-    except Exception:  # a folder without its config: its name will do
+        return load_config(run_dir / "cluster.yaml")
+    except Exception:  # a folder without its config
+        return None
+
+
+def _label(run_dir: Path) -> str:
+    """What tells runs apart in a legend: family, strategy, and the folder's name."""
+    cfg = _config(run_dir)
+    if cfg is None:  # its name will do
         return run_dir.name
     from fedctl.runs import strategy_name
 
@@ -81,12 +90,8 @@ def _label(run_dir: Path) -> str:
 
 
 def _seed(run_dir: Path) -> object:
-    from common.config import load_config
-
-    try:
-        return load_config(run_dir / "cluster.yaml").seed
-    except Exception:
-        return run_dir  # unknown: counted apart
+    cfg = _config(run_dir)
+    return run_dir if cfg is None else cfg.seed  # unknown: counted apart
 
 
 def _seedless(run_dir: Path) -> str:
@@ -94,12 +99,12 @@ def _seedless(run_dir: Path) -> str:
     repetitions (seeds) of one experiment."""
     import json
 
-    from common.config import config_to_dict, load_config
+    from common.config import config_to_dict
 
-    try:
-        raw = config_to_dict(load_config(run_dir / "cluster.yaml"))
-    except Exception:
+    cfg = _config(run_dir)
+    if cfg is None:
         return str(run_dir)
+    raw = config_to_dict(cfg)
     for key in ("seed", "output_dir", "master", "source"):
         raw.pop(key, None)
     return json.dumps(raw, sort_keys=True, default=str)
@@ -116,6 +121,7 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    _config.cache_clear()  # each picture reads the folders as they are now
     dirs = [Path(r) for r in runs]
     data = {d: _curves(read_metrics(d / "metrics.jsonl"), _summary(d)) for d in dirs}
     empty = [str(d) for d, c in data.items() if not c["round"]]

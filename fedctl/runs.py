@@ -91,12 +91,20 @@ def load_run(path: str | Path) -> Run:
                summary=read_json(folder / "summary.json"))
 
 
+def failed_note(folder: str | Path) -> str | None:
+    """Why the run in ``folder`` failed, from the note ``fedctl run`` leaves there (None: no
+    note; "no reason written" for an empty one)."""
+    note = Path(folder) / C.FAILED_NOTE
+    if not note.is_file():
+        return None
+    return one_line(note.read_text(errors="replace")) or "no reason written"
+
+
 def _why_no_model(folder: Path) -> str:
     """Why a folder holds no model, for the one-line error: its run failed (and why), is
     still running or was stopped, or is not a run at all."""
-    note = folder / C.FAILED_NOTE
-    if note.is_file():
-        why = one_line(note.read_text(errors="replace")) or "no reason written"
+    why = failed_note(folder)
+    if why is not None:
         return f"its run failed: {why}"
     if folder.name.endswith(".failed"):
         return "its run failed"

@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 
 import click
 
-from common import constants as C
 from common.atomic import atomic_write_bytes
 from fedctl.errors import fail
 
@@ -141,10 +140,12 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
 def _warn_if_failed(run: str) -> None:
     """A run that failed after writing its model (killed during its final reports) is used,
     but not in silence."""
-    note = Path(run) / C.FAILED_NOTE
-    if note.is_file():
-        click.echo(f"warning: {run}: its run failed ({note.read_text(errors='replace').strip()}"
-                   f"); this is the model it had written", err=True)
+    from fedctl.runs import failed_note
+
+    why = failed_note(run)
+    if why is not None:
+        click.echo(f"warning: {run}: its run failed ({why}); this is the model it had written",
+                   err=True)
 
 
 def _check_writable(path: Path) -> None:
@@ -188,7 +189,7 @@ def show(run: str) -> None:
     scores and the comparison table. RUN defaults to runs/latest."""
     folder = Path(run)
     try:
-        from fedctl.runs import load_run, strategy_name, wall_time
+        from fedctl.runs import failed_note, load_run, strategy_name, wall_time
 
         r = load_run(folder)
     except (FileNotFoundError, ValueError) as exc:
@@ -197,10 +198,9 @@ def show(run: str) -> None:
     cfg = r.config
     wall = wall_time(folder)
     click.echo(f"run {s.get('run_id', '?')} in {folder.resolve()}")
-    failed = folder / C.FAILED_NOTE
-    if failed.is_file() or s.get("failed"):
-        note = failed.read_text(errors="replace").strip() if failed.is_file() else s["failed"]
-        click.echo(f"FAILED: {note}")
+    why = failed_note(folder) or s.get("failed")
+    if why:
+        click.echo(f"FAILED: {why}")
     click.echo(f"family {r.family} ({json.dumps(r.model.get('params') or cfg.family_params)}), "
                f"strategy {strategy_name(cfg)}, {len(cfg.workers)} worker(s): "
                f"{', '.join(w.name for w in cfg.workers)}")
