@@ -58,4 +58,7 @@ def test_bench_quick_writes_report(tmp_path: Path) -> None:
                     "## Scaling with workers", "## Update compression"):
         assert heading in md
     assert "cores) |" in md  # the anatomy's floor column
+    # Each anatomy size is held to the "overhead <= 2 x the bare exchange".
+    assert len([g for g in res["goals"] if "2 x the bare exchange" in g["goal"]]) == len(
+        res["anatomy"])
 
