@@ -19,3 +19,15 @@ def test_least_overhead_spreads_the_training_over_the_cores() -> None:
     run["anatomy"]["train_cpu"] = None
     assert _least_overhead(run) is None
 
+
+
+def test_small_models_get_more_anatomy_rounds() -> None:
+    """20 rounds of a 10 ms round gave medians that moved by half between two runs: a model
+    runs as many more rounds (and bare exchanges) as it is smaller than 25 M, up to a cap."""
+    from fedctl.bench.plan import Plan
+
+    plan = Plan()
+    assert plan.anatomy_rounds_for(25_155_002) == (20, 7)
+    assert plan.anatomy_rounds_for(1_585_154) == (300, 110)
+    assert plan.anatomy_rounds_for(99_074) == (300, 300)
+    assert Plan.quick().anatomy_rounds_for(99_074) == (3, 3)  # the smoke run stays small

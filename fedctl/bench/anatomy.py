@@ -156,18 +156,20 @@ def section_anatomy(base: ClusterConfig, plan: Plan, work: Path, log: Callable[[
     out = {}
     for hidden in plan.anatomy_hidden:
         big = hidden > 20_000
-        cfg = bench_config(base, work / f"anatomy_{hidden}", rounds=plan.anatomy_rounds,
+        rounds, reps = plan.anatomy_rounds_for(n_params(hidden))
+        cfg = bench_config(base, work / f"anatomy_{hidden}", rounds=rounds,
                            eval_every=0, baselines=False, **{
                                "model.hidden": hidden, "model.batch_size": 1024,
                                "model.local_epochs": 1, "data.limit": plan.anatomy_limit,
                                "data.partition": "iid", "security.mode": "none",
                                "heartbeat_timeout": 30.0 if big else base.heartbeat_timeout})
         log(f"anatomy: hidden {hidden} ({n_params(hidden) / 1e6:.2f} M parameters), "
-            f"{plan.anatomy_rounds} rounds")
+            f"{rounds} rounds")
         run = run_cluster(cfg, profile=plan.profile)
         shapes = [(hidden, 384), (hidden,), (2, hidden), (2,)]
-        log(f"anatomy: bare pyzmq exchange of the same {4 * n_params(hidden) / 1e6:.1f} MB")
-        bare = bare_exchange(shapes, n_peers=len(cfg.workers), reps=plan.bare_reps)
+        log(f"anatomy: bare pyzmq exchange of the same {4 * n_params(hidden) / 1e6:.1f} MB, "
+            f"{reps} times")
+        bare = bare_exchange(shapes, n_peers=len(cfg.workers), reps=reps)
         out[str(hidden)] = {"hidden": hidden, "params": n_params(hidden), "run": run,
                             "anatomy": anatomy(run), "bare": bare, "cores": usable_cores()}
     return out

@@ -242,14 +242,16 @@ def report_markdown(res: dict[str, Any], plots: list[str]) -> str:
                   "thread), of which training = the workers' training (their `fit_cpu_s`); "
                   "floor = CPU ÷ the cores: rounds cannot follow each other faster, however "
                   "the work is scheduled, and the bare exchange does no training.", "",
-                  "| params | MB | round | broadcast | train | upload | aggregate | other | "
+                  "| params | rounds × bare exchanges | MB | round | broadcast | train | upload | "
+                  "aggregate | other | "
                   "overhead (round − slowest training) | bare round | bare broadcast | "
                   "bare upload | CPU (core-ms) | of which training | floor |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in a.values():
             an, b, run = v["anatomy"], v["bare"], v["run"]
             lines.append(
-                f"| {v['params'] / 1e6:.2f} M | {b['bytes'] / 1e6:.1f} | "
+                f"| {v['params'] / 1e6:.2f} M | {len(run['rounds'])} × {b.get('reps', '?')} | "
+                f"{b['bytes'] / 1e6:.1f} | "
                 f"{_fmt(run['median_round_s'], 1000)} | {_fmt(an['broadcast'], 1000, 2)} | "
                 f"{_fmt(an['train'], 1000)} | {_fmt(an['upload'], 1000, 2)} | "
                 f"{_fmt(an['aggregate'], 1000, 2)} | {_fmt(an['other'], 1000, 2)} | "
