@@ -131,6 +131,14 @@ LARGE_REGISTER_BYTES = 16 * 1024
 #: A registration repeated sooner than this after the last is logged at debug level and not
 #: as a `register` event (a restarted process takes longer to come back).
 REREGISTER_QUIET_S = 1.0
+#: Registrations of one worker the master logs (and writes as `register` events) within
+#: REGISTER_LOG_WINDOW_S; the rest are counted and logged at debug: a member that makes up a
+#: new process token at every request would otherwise write two log lines and an event each.
+REGISTER_LOG_LIMIT = 5
+REGISTER_LOG_WINDOW_S = 60.0
+#: Final reports of one worker the master keeps (a restarted worker reports again; a resent
+#: one is the same report and not counted); more are refused.
+MAX_REPORTS_PER_WORKER = 3
 
 #: Most samples a worker may declare (weights beyond it are not believable).
 MAX_SAMPLES = 1_000_000_000

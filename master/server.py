@@ -142,6 +142,8 @@ class Master:
         self.excluded: dict[str, str] = {}  # worker -> why it takes no further part
         self._silent: Counter = Counter()  # rounds in a row a live participant sent nothing
         self._abstained: Counter = Counter()  # abstentions since a step last completed
+        self._reports_taken: Counter = Counter()  # final reports kept, by worker
+        self._registrations: dict[str, list[float]] = {}  # logged ones, by worker (monotonic)
         self._rates = RateLimiter(C.REQUEST_RATE, C.REQUEST_BURST)
         self._register_tried: dict[str, float] = {}  # CURVE identity -> its last register
         self.max_message_bytes = int(cfg.max_message_mb * 1024**2)
@@ -436,7 +438,14 @@ class Master:
             self.family.admit(wid, b["info"])
         rejoin = self.roster.add(wid, b["n_samples"], b["device"], b["info"])
         process = b.get("process")
-        if rejoin and known is not None and known.process not in (None, process):
+        # A registration the same process repeats within REREGISTER_QUIET_S says nothing new,
+        # and past REGISTER_LOG_LIMIT in a window nothing more is news either: logged at debug
+        # only, so that one member at its request rate cannot fill the disk with log lines and
+        # events. A restarted process (forked in milliseconds) is news.
+        quiet = ((known is not None and known.process == process
+                  and time.monotonic() - known.registered_at < C.REREGISTER_QUIET_S)
+                 or not self._registration_logged(wid))
+        if rejoin and known is not None and known.process not in (None, process) and not quiet:
             log.warning("%s registered again from another process (%s, was %s): requests of "
                         "the earlier one are refused from now on", wid, process, known.process)
         self.workers[wid].process = process
@@ -454,11 +463,6 @@ class Master:
                                  f"process")
         if self._first_join is None:
             self._first_join = time.monotonic()
-        # A registration the same process repeats within REREGISTER_QUIET_S says nothing new:
-        # logged at debug only, so that one member at its request rate cannot fill the disk
-        # with log lines and events. A restarted process (forked in milliseconds) is news.
-        quiet = (known is not None and known.process == process
-                 and time.monotonic() - known.registered_at < C.REREGISTER_QUIET_S)
         log.log(logging.DEBUG if quiet else logging.INFO, "%s %s: %d samples on %s (%d/%d "
                 "registered)", "re-registered" if rejoin else "registered", wid,
                 b["n_samples"], b["device"], len(self.workers),
@@ -472,6 +476,22 @@ class Master:
         if self.phase != JOINING:
             body["setup"] = self.family.setup_info_
         send(self.rep, M.WELCOME, body)
+
+    def _registration_logged(self, worker_id: str) -> bool:
+        """Whether a registration of ``worker_id`` now is within REGISTER_LOG_LIMIT in the last
+        REGISTER_LOG_WINDOW_S (counted if so); the first one past the limit says so once."""
+        now = time.monotonic()
+        times = [t for t in self._registrations.get(worker_id, [])
+                 if now - t < C.REGISTER_LOG_WINDOW_S]
+        self._registrations[worker_id] = times
+        if len(times) > C.REGISTER_LOG_LIMIT:
+            return False
+        times.append(now)
+        if len(times) > C.REGISTER_LOG_LIMIT:
+            log.warning("%s registered %d times within %g s: its registrations are not logged "
+                        "until it slows down", worker_id, len(times), C.REGISTER_LOG_WINDOW_S)
+            return False
+        return True
 
     def _on_fetch(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
@@ -577,7 +597,19 @@ class Master:
     def _on_report(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
         M.check_report(msg.body["report"])
-        ws.report = dict(msg.body["report"])
+        if self.phase in (JOINING, TRAINING):
+            raise ProtocolError("no final report before the last round: the job is "
+                                f"{self.phase}", code=errors.REJECTED)
+        report = dict(msg.body["report"])
+        if report == ws.report:  # sent again (a retry whose reply was lost): kept already
+            send(self.rep, M.ACK, {"round": self.round, "duplicate": True})
+            return
+        # Each one is appended to a file and logged: one member must not fill the disk.
+        if self._reports_taken[ws.worker_id] >= C.MAX_REPORTS_PER_WORKER:
+            raise ProtocolError(f"{ws.worker_id} has sent {C.MAX_REPORTS_PER_WORKER} final "
+                                "reports already; no more are taken", code=errors.REJECTED)
+        self._reports_taken[ws.worker_id] += 1
+        ws.report = report
         log.info("final report from %s", ws.worker_id)
         # Kept at once, one line each (appended, not the whole set rewritten per report): a
         # master that dies before its end is resumed with them (the workers that sent them have
@@ -950,7 +982,7 @@ class Master:
             self._leave_out(rnd, wid, f"its strategy arrays: {why}")
         while rnd.results:
             results = screening.cap_weights(rnd.ordered_results(), self.cfg.max_weight_fraction)
-            before, strategy_state = self.family.global_, dict(self.family.strategy.state())
+            before, back = self.family.global_, self.family.savepoint()
             try:
                 after = self.family.aggregate(rnd.number, results).arrays
                 problem = screening.aggregate_problem(before.arrays, after)
@@ -961,9 +993,7 @@ class Master:
                 problem = f"aggregation failed ({type(exc).__name__}: {exc})"
             if problem is None:
                 return True
-            # Undone: the published model and the strategy's moments as they were.
-            self.family.global_ = before
-            self.family.strategy.load_state(strategy_state)
+            back()  # undone: the published model, the strategy's moments, the family's own
             worst = max(rnd.results, key=lambda w: (dist[w] + extra.get(w, 0.0), w))
             self._leave_out(rnd, worst, f"{problem}; left out as the update furthest out")
         log.warning("round %d: no update to aggregate: the model stays as it was", rnd.number)
@@ -995,7 +1025,7 @@ class Master:
                                time=time.time())
             return False
         survivors = sa.u3
-        before, strategy_state = self.family.global_, dict(self.family.strategy.state())
+        before, back = self.family.global_, self.family.savepoint()
         try:
             arrays = self.family.secure_result(sa.sum_, sa.n_max)
             self.family.check_update(arrays)
@@ -1010,8 +1040,7 @@ class Master:
             log.debug("secure aggregation failed", exc_info=True)
             problem = f"aggregation failed ({type(exc).__name__}: {exc})"
         if problem is not None:
-            self.family.global_ = before
-            self.family.strategy.load_state(strategy_state)
+            back()
             log.warning("round %d: the secure sum cannot be applied: %s; the model stays as "
                         "it was", rnd.number, problem)
             return False

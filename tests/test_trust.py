@@ -13,6 +13,7 @@ the set-up, a vocabulary no documents could give, a step abstained from again an
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -43,13 +44,14 @@ HONEST_INFO = {"input_dim": 384, "classes": CLASSES}
 
 
 def _config(make_config: MakeConfig, tmp_path: Path, keys: Path | None = None,
-            **overrides: Any) -> Path:
-    """A CURVE cluster of w1..w3 in ``tmp_path`` (keys in ``keys``, default tmp_path/keys)."""
+            workers: int = 3, **overrides: Any) -> Path:
+    """A CURVE cluster of w1..w3 (or of ``workers``) in ``tmp_path`` (keys in ``keys``,
+    default tmp_path/keys)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     keys = keys or tmp_path / "keys"
     if not keys.exists():
         keygen(keys, ["w1", "w2", "w3"])
-    return make_config(tmp_path, workers=3, security={"mode": "curve", "keys_dir": str(keys)},
+    return make_config(tmp_path, workers=workers, security={"mode": "curve", "keys_dir": str(keys)},
                        **{"rounds": 3, "min_workers": 2, **overrides})
 
 
@@ -60,11 +62,11 @@ def _endpoints(config: Path) -> tuple[str, str, Path]:
             Path(raw["security"]["keys_dir"]))
 
 
-def _run(procs: Procs, config: Path, attack: Any = None, workers_config: Path | None = None
-         ) -> tuple[dict[str, Any], int]:
-    """Master and honest w2, w3 as processes (and the attack, if any, on a thread); returns
-    summary.json and the master's peak resident memory. The workers read ``workers_config``
-    where given (default: the master's)."""
+def _run(procs: Procs, config: Path, attack: Any = None, workers_config: Path | None = None,
+         honest: tuple[str, ...] = ("w2", "w3")) -> tuple[dict[str, Any], int]:
+    """Master and the ``honest`` workers as processes (and the attack, if any, on a thread);
+    returns summary.json and the master's peak resident memory. The workers read
+    ``workers_config`` where given (default: the master's)."""
     master = procs.master(config)
     rss = RssWatch(master.pid)
     rss.start()
@@ -72,7 +74,7 @@ def _run(procs: Procs, config: Path, attack: Any = None, workers_config: Path | 
     if attack is not None:
         thread = threading.Thread(target=attack, daemon=True)
         thread.start()
-    for w in ("w2", "w3"):
+    for w in honest:
         procs.worker(workers_config or config, w)
     codes = procs.wait_all(timeout=240)
     peak = rss.stop()
@@ -481,6 +483,102 @@ def test_a_worker_that_stops_every_step_is_excluded_and_the_others_train(
     assert set(summary["workers"]) >= {"w2", "w3"}, summary
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [1e6, 1e20])
+def test_one_of_two_members_whose_batch_moments_are_far_off_is_found(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs, scale: float) -> None:
+    """prodlda, synchronized batch norm, two workers (too few to screen one out by distance):
+    w1 multiplies its encoder's batch means by ``scale`` in every step's first phase, finite
+    numbers. 1e6 used to move the final model's running variance to 5e10 in silence; 1e20 made
+    the step's end overflow, and the master, undoing only the published payload, retried on a
+    half-made step (KeyError), excluded both workers and ended the job. Now the moments are
+    held to the growth limit in the phase they arrive in: w1 is left out there, at every step,
+    and each step goes on with w2's batch."""
+    from common.models.ntm_sync_bn import N_PHASES
+    from worker.client import Worker
+    from worker.families.base import FitResult
+    from worker.families.ntm import ProdLDAClient
+
+    fit = ProdLDAClient.fit
+
+    def lying_fit(self, round_, meta, arrays):  # only w1 runs in this process
+        honest = fit(self, round_, meta, arrays)
+        if int(meta.get("phase", 0)) != 0 or "mean" not in honest.arrays:
+            return honest
+        return FitResult({**honest.arrays, "mean": honest.arrays["mean"] * scale},
+                         honest.n_samples, honest.metrics)
+
+    monkeypatch.setattr(ProdLDAClient, "fit", lying_fit)
+    steps = 5
+    config = _config(make_config, tmp_path, workers=2, rounds=N_PHASES * steps, min_workers=1,
+                     model={"family": "prodlda", "vocab_size": 500})
+    hostile = Worker(load_config(config), "w1")
+    errors: list[BaseException] = []
+
+    def attack() -> None:
+        try:
+            hostile.run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    summary, _ = _run(procs, config, attack, honest=("w2",))
+    assert not errors and not summary.get("failed"), (errors, summary)
+    assert summary["trained"]["steps"] == steps, summary["trained"]
+    log = procs.log("master")
+    assert log.count("the update of w1 is left out") >= steps, log
+    assert "the update of w2 is left out" not in log
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    model = np.load(out / "model.npz")
+    for name in model.files:  # the running variance of an honest run stays near 1
+        if name.endswith("running_var"):
+            assert np.all(np.isfinite(model[name])) and model[name].max() < 100, name
+
+
+def test_an_aggregate_refused_mid_step_leaves_the_family_as_it_was() -> None:
+    """A refused aggregate is undone through the family's savepoint: a synchronized step's
+    last phase steps Adam, counts the step and clears the phase's statistics, and all of it
+    comes back, so that the retry without the update left out can be made."""
+    import copy
+
+    import torch
+
+    from common.config import parse_config
+    from common.models.ntm_sync_bn import N_PHASES
+    from master.families.ntm import ProdLDAServer
+    from master.strategies import ClientResult, make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
+                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
+                                  "min_df": 1}}, "<test>")
+    server = ProdLDAServer(cfg, make_strategy("fedavg"))
+    server.setup({w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)},
+                      "n_docs": 5} for i, w in enumerate(["w1", "w2"])})
+    rng = np.random.default_rng(0)
+
+    def uploads(phase: int) -> list[ClientResult]:
+        expected = server.reducer_.expected_upload(phase)
+        return [ClientResult(w, {n: np.abs(rng.standard_normal(shape)).astype(dtype) + 1
+                                 for n, (shape, dtype) in expected.items()}, 4)
+                for w in ("w1", "w2")]
+
+    for phase in range(N_PHASES - 1):
+        server.aggregate(phase + 1, uploads(phase))
+    grads = uploads(N_PHASES - 1)
+    weights = server.model_.get_arrays()
+    adam = copy.deepcopy(server.model_.optimizer_.state_dict())
+    back = server.savepoint()
+    first = server.aggregate(N_PHASES, grads).arrays
+    assert server.steps_ == 1 and server.phase_ == 0 and server.reducer_.enc_ is None
+    back()
+    assert server.steps_ == 0 and server.phase_ == N_PHASES - 1
+    assert all(np.array_equal(a, weights[n]) for n, a in server.model_.get_arrays().items())
+    assert all(torch.equal(server.model_.optimizer_.state_dict()["state"][i][k], v)
+               for i, st in adam["state"].items() for k, v in st.items())
+    again = server.aggregate(N_PHASES, grads).arrays  # the same step, made again, the same
+    assert all(np.array_equal(again[n], first[n]) for n in first)
+
+
 def _round_open(master: Master) -> tuple[int, int, dict[str, np.ndarray]]:
     """The open round's number, the model version and the model it was sent (read in-process:
     the attacks below need no subscription)."""
@@ -703,19 +801,56 @@ def test_registering_again_and_again_cannot_hold_a_secure_round_open(
         assert thread.is_alive()
 
 
+@pytest.mark.parametrize("process", ["the same", "a new one each time"])
 def test_registrations_repeated_at_the_request_rate_do_not_fill_the_log(
-        tmp_path: Path, make_config: MakeConfig) -> None:
+        tmp_path: Path, make_config: MakeConfig, caplog: pytest.LogCaptureFixture,
+        process: str) -> None:
     """A small registration passes the rate limit as any request does: repeated within
-    REREGISTER_QUIET_S it says nothing new and writes neither a log line nor an event."""
+    REREGISTER_QUIET_S it says nothing new and writes neither a log line nor an event; nor,
+    past REGISTER_LOG_LIMIT a minute, does one that names a new process every time (which
+    wrote a warning, a line and an event for each: 2.6 MB of log in 10 s)."""
     config = _config(make_config, tmp_path, rounds=2)
+    caplog.set_level(logging.INFO, logger="fedctl.master")
     with _serving(config) as (master, thread, client):
         h = client("w1")
         reg = {"worker_id": "w1", "n_samples": 100, "device": "cpu", "info": HONEST_INFO}
-        codes = {h.code("register", reg) for _ in range(200)}
+        codes = {h.code("register", {**reg, "process": f"p{i}" if process != "the same"
+                                     else "p"}) for i in range(200)}
         assert codes == {"welcome"} and thread.is_alive()
     out = Path(yaml.safe_load(config.read_text())["output_dir"])
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len([e for e in logged if e["event"] == "register"]) < 10
+    assert len([e for e in logged if e["event"] == "register"]) <= C.REGISTER_LOG_LIMIT
+    about_w1 = [r for r in caplog.records if "w1" in r.getMessage()]
+    # A line and a warning for each logged one, the warning past the limit, and a refusal or
+    # two of the rate limit's: a few, not the 400 lines of 200 registrations.
+    assert len(about_w1) <= 2 * C.REGISTER_LOG_LIMIT + 4, [r.getMessage() for r in about_w1]
+
+
+def test_final_reports_come_after_training_and_a_few_each(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """A report was taken in any phase and any number of times, each appended to
+    reports.jsonl and logged: one member sent 11,000 in 20 s (114 MB). Now none before the
+    last round, a resent one is not kept twice, and at most MAX_REPORTS_PER_WORKER differ."""
+    config = _config(make_config, tmp_path, rounds=2)
+    report = {"federated": {"macro_f1": 0.5}, "n_train": 100, "n_test": 10, "version": 1}
+    with _serving(config) as (master, thread, client):
+        h = client("w1")
+        for w in ("w1", "w2"):  # w2's report, never sent, keeps the master waiting for it
+            reg = {"worker_id": w, "n_samples": 100, "device": "cpu", "info": HONEST_INFO}
+            assert client(w).code("register", reg) == "welcome"
+        assert h.code("report", {"worker_id": "w1", "report": report}) == "rejected"
+        # As after the last round (set from here: the job's only reader is that thread).
+        master._report_deadline = time.monotonic() + 60
+        master.phase = "reporting"
+        codes = [h.code("report", {"worker_id": "w1", "report": report}) for _ in range(3)]
+        codes += [h.code("report", {"worker_id": "w1", "report": {
+            **report, "n_test": i}}) for i in range(5)]
+        assert codes == ["ack"] * 3 + ["ack"] * (C.MAX_REPORTS_PER_WORKER - 1) + [
+            "rejected"] * (6 - C.MAX_REPORTS_PER_WORKER), codes
+        assert thread.is_alive()
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    kept = (out / C.REPORTS_FILE).read_text().splitlines()
+    assert len(kept) == C.MAX_REPORTS_PER_WORKER, kept
 
 
 def test_a_class_only_one_member_brought_does_not_break_the_baselines(

@@ -265,16 +265,28 @@ class SyncBNReducer:
             return self.model.get_arrays()
         raise ValueError(f"phase {phase}: a step has phases 0 to {N_PHASES - 1}")
 
-    def _running_stats(self) -> dict[str, np.ndarray]:
+    def _running_stats(self, phases: tuple[int, ...] = (0, 1)) -> dict[str, np.ndarray]:
         """Each batch norm's running statistics moved by the union batch's moments, as one
-        batch norm over the union would (unbiased variance)."""
-        assert self.enc_ is not None and self.dec_ is not None
+        batch norm over the union would (unbiased variance): those whose moments ``phases``
+        merged (0: the encoder's two, 1: the decoder's)."""
         net, k = self.model.net_, self.model.n_topics
-        n = float(self.enc_["n"])
         out: dict[str, np.ndarray] = {}
-        for name, bn, st, cols in (("bn_mu", net.bn_mu, self.enc_, slice(0, k)),
-                                   ("bn_sigma", net.bn_sigma, self.enc_, slice(k, 2 * k)),
-                                   ("bn_beta", net.bn_beta, self.dec_, slice(None))):
+        for phase, name, bn, cols in ((0, "bn_mu", net.bn_mu, slice(0, k)),
+                                      (0, "bn_sigma", net.bn_sigma, slice(k, 2 * k)),
+                                      (1, "bn_beta", net.bn_beta, slice(None))):
+            if phase not in phases:
+                continue
+            st = self.enc_ if phase == 0 else self.dec_
+            assert st is not None, f"phase {phase} first"
             out[f"{name}.running_mean"], out[f"{name}.running_var"] = moved_running_stats(
-                bn, st["mean"][cols], st["var"][cols], n)
+                bn, st["mean"][cols], st["var"][cols], float(st["n"]))
         return out
+
+    def running_stats_move(self, phase: int) -> tuple[dict[str, np.ndarray],
+                                                      dict[str, np.ndarray]]:
+        """The running statistics of the batch norms whose moments ``phase`` (0 or 1) merged:
+        as they are, and as this step will leave them (for the master's growth check, where a
+        member's moments far off would otherwise show only at the step's end)."""
+        moved = self._running_stats((phase,))
+        buffers = dict(self.model.net_.named_buffers())
+        return {n: buffers[n].detach().cpu().numpy() for n in moved}, moved

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +144,20 @@ class ServerFamily(ABC):
         arrays = self.strategy.aggregate(self.global_.arrays, results)
         self.global_ = Payload(self.global_.meta, arrays)
         return self.global_
+
+    def savepoint(self) -> Callable[[], None]:
+        """A way back to the family as it is now, for an aggregate the master refuses (it holds
+        NaN, or grew past the limit): by default the published payload and the strategy's
+        state. A family whose :meth:`aggregate` changes more of itself (an optimizer it steps,
+        the phase of a step) saves that too, or the retry without the update left out would
+        build on a half-made aggregate."""
+        before, strategy_state = self.global_, dict(self.strategy.state())
+
+        def back() -> None:
+            self.global_ = before
+            self.strategy.load_state(strategy_state)
+
+        return back
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """What the family keeps beyond ``global_`` and ``setup_info_`` (e.g. each worker's

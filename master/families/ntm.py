@@ -22,8 +22,9 @@ configured strategy.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, check_arrays
 from master.families.vocabulary import VocabularyServer, agree_vocabulary
+from master.screening import aggregate_problem
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -216,6 +218,33 @@ class ProdLDAServer(VocabularyServer):
                 raise ProtocolError("array 'm2' (a sum of squares) holds negative values",
                                     code=errors.REJECTED)
 
+    def savepoint(self) -> Callable[[], None]:
+        back = super().savepoint()
+        fields = {k: getattr(self, k) for k in ("steps_", "phase_", "step_workers_",
+                                                "step_sizes_", "step_start_", "step_round_")}
+        changes = list(self.changes_)
+        reducer = self.reducer_
+        stats = None if reducer is None else (reducer.enc_, reducer.dec_)  # replaced, not edited
+        model = None
+        if self.model_ is not None and self.params.mode == "sync" and (
+                reducer is None or self.phase_ == N_PHASES - 1):
+            # This round steps Adam: the weights, running statistics and moments it moves.
+            model = (self.model_.get_arrays(),
+                     copy.deepcopy(self.model_.optimizer_.state_dict()))
+
+        def restore() -> None:
+            back()
+            for k, v in fields.items():
+                setattr(self, k, v)
+            self.changes_, self.reducer_ = changes, reducer
+            if reducer is not None and stats is not None:
+                reducer.enc_, reducer.dec_ = stats
+            if model is not None and self.model_ is not None:
+                self.model_.set_arrays(model[0])
+                self.model_.optimizer_.load_state_dict(model[1])
+
+        return restore
+
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         assert self.model_ is not None, "setup() first"
         if self.reducer_ is not None:
@@ -262,6 +291,14 @@ class ProdLDAServer(VocabularyServer):
             self.step_sizes_ = [r.n_samples for r in kept]
             results = kept
         out = self.reducer_.reduce(self.phase_, [r.arrays for r in results], self.step_sizes_)
+        if self.phase_ in (0, 1):
+            # Each phase's aggregate is only checked for NaN (its arrays are not the model's):
+            # the running statistics these moments move are held to the growth limit here,
+            # where the members' own moments are still at hand to find one far off.
+            problem = aggregate_problem(*self.reducer_.running_stats_move(self.phase_))
+            if problem is not None:
+                raise ValueError(f"step {self.steps_ + 1}, phase {self.phase_}: the batch "
+                                 f"norms' running statistics: {problem}")
         self.phase_ += 1
         if self.phase_ < N_PHASES:
             if self.budget_spent(round_):  # the rounds' hard cap ends it mid-step
@@ -271,6 +308,11 @@ class ProdLDAServer(VocabularyServer):
             self.global_ = Payload({"step": self.steps_, "phase": self.phase_,
                                     "evaluate": False}, out)
             return self.global_
+        # The step as a whole is held to the growth limit too (the gradients' phase alone would
+        # be compared with the statistics it replaces, not with the model).
+        problem = aggregate_problem(self.step_start_, out)
+        if problem is not None:
+            raise ValueError(f"step {self.steps_ + 1}: {problem}")
         if self.params.tol > 0 or self.params.patience > 0:
             names = self.model_.param_names()
             start = self.step_start_
