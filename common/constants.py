@@ -188,6 +188,9 @@ SECAGG_STAGE_TIMEOUT = 60.0
 #: stage was left with fewer than the threshold while enough workers live) before it is given
 #: up with the model as it was.
 SECAGG_MAX_ATTEMPTS = 3
+#: Sets of threshold-many shares tried to open a secret one of whose shares is forged (the
+#: first ones, in order: a few members' worth of combinations; Lagrange on 32-byte numbers).
+SECAGG_MAX_SUBSETS = 1000
 
 #: How long a worker waits before asking again whether the next stage of a secure round is
 #: ready, should the master's ``secagg_stage`` word on PUB be lost (it asks at once on it).

@@ -23,6 +23,7 @@ Nothing here touches a socket: :mod:`master.server` calls :meth:`SecureRound.on_
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import random
 import time
@@ -107,6 +108,7 @@ class SecureRound:
         self.reveals: dict[str, tuple[dict[str, bytes], dict[str, bytes]]] = {}
         self.sum_: np.ndarray | None = None  # the float sum, once unmasked
         self.failure: str | None = None
+        self.forged: set[str] = set()  # revealed a share that is not its polynomial's
 
     # ------------------------------------------------------------------ who is where
     @property
@@ -319,25 +321,17 @@ class SecureRound:
                 return self._fail(f"{len(held)} share(s) of {owner}'s "
                                   f"{'seed' if kind == 0 else 'mask key'} came back, the "
                                   f"threshold is {self.threshold}")
-            try:
-                secret = shamir.combine(held)
-            except ValueError:
-                secret = b""
             c_pk, s_pk, b_commit = self.keys[owner]
+            secret = self._open(held, _opens_seed(b_commit) if kind == 0 else _opens_key(s_pk))
+            if secret is None:
+                what = "seed do not open what it committed to" if kind == 0 else \
+                    "mask key do not open its public key"
+                return self._fail(f"the shares of {owner}'s {what}: fewer than the threshold "
+                                  f"({self.threshold}) are genuine")
             if kind == 0:
-                if hashlib.sha256(secret).digest() != b_commit:
-                    return self._fail(f"the shares of {owner}'s seed do not open what it "
-                                      f"committed to: a share is not genuine")
                 seeds[owner] = secret
                 continue
-            try:
-                private = crypto.private_from_bytes(secret)
-                genuine = crypto.public_bytes(private) == s_pk
-            except ValueError:
-                genuine = False
-            if not genuine:
-                return self._fail(f"the shares of {owner}'s mask key do not open its public "
-                                  f"key: a share is not genuine")
+            private = crypto.private_from_bytes(secret)
             for u in self.graph[owner]:
                 if u in self.inputs:
                     pair_keys[(u, owner)] = P.mask_key(private, self.keys[u][1], self.context,
@@ -349,6 +343,52 @@ class SecureRound:
             log.info("round %d: secure sum of %d workers (%s dropped after sharing: their "
                      "masks removed)", self.number, len(self.inputs), ", ".join(dropped))
 
+    def _open(self, held: Mapping[int, bytes], opens: Callable[[bytes], bool]) -> bytes | None:
+        """The secret ``held`` (point -> share) opens, or None where fewer than the threshold
+        are genuine. Should a share not be (one member can send a wrong one and so fail every
+        round, an honest owner named), a threshold of them that opens the secret is looked
+        for among the first SECAGG_MAX_SUBSETS; it fixes the polynomial, and a share the
+        polynomial does not pass through is forged: its sender goes in :attr:`forged`."""
+        secret = _combine(held)
+        if opens(secret):  # (every share together opens it only if every one is genuine)
+            return secret
+        points = sorted(held)
+        by_point = {p: w for w, p in self.points.items()}
+        for subset in itertools.islice(itertools.combinations(points, self.threshold),
+                                       C.SECAGG_MAX_SUBSETS):
+            secret = _combine({p: held[p] for p in subset})
+            if not opens(secret):
+                continue
+            base = {p: held[p] for p in subset[:-1]}
+            self.forged |= {by_point[p] for p in points if p not in subset
+                            and not opens(_combine({**base, p: held[p]}))}
+            return secret
+        return None
+
     def error_bound(self) -> float:
         """The largest quantization error of the unmasked sum, per coordinate."""
         return error_bound(len(self.inputs), self.clip, self.levels)
+
+
+def _combine(shares: Mapping[int, bytes]) -> bytes:
+    """:func:`shamir.combine`, with b"" for shares that open no 32-byte secret."""
+    try:
+        return shamir.combine(shares)
+    except ValueError:
+        return b""
+
+
+def _opens_seed(commitment: bytes) -> Callable[[bytes], bool]:
+    """Whether a secret is the seed a member committed to (its hash)."""
+    return lambda secret: bool(secret) and hashlib.sha256(secret).digest() == commitment
+
+
+def _opens_key(public: bytes) -> Callable[[bytes], bool]:
+    """Whether a secret is the private mask key of a member's public key."""
+    def opens(secret: bytes) -> bool:
+        try:
+            return bool(secret) and crypto.public_bytes(crypto.private_from_bytes(secret)) \
+                == public
+        except ValueError:
+            return False
+    return opens

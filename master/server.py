@@ -892,6 +892,9 @@ class Master:
             sa.advance(now, lambda w: w in self.roster and self.roster.alive(w, now))
             if sa.stage not in (SECURE_DONE, SECURE_FAILED):
                 return
+            for wid in sorted(sa.forged - set(self.excluded)):
+                self._exclude(wid, f"a share it revealed in round {rnd.number}'s secure "
+                                   f"aggregation is not genuine (not on its owner's polynomial)")
             live = [w for w in rnd.participants if w in self.roster
                     and self.roster.alive(w, now)]
             if (sa.stage == SECURE_FAILED and sa.attempt < C.SECAGG_MAX_ATTEMPTS

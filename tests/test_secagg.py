@@ -39,7 +39,7 @@ from common.secagg.ring import (
 from fedctl.datasets.synthetic_lda import make_federated_lda
 from fedctl.launch import child_env
 from master.families import make_server_family
-from master.secagg import COLLECTING_SHARES, FAILED, SecureRound
+from master.secagg import COLLECTING_SHARES, DONE, FAILED, SecureRound
 from tests.conftest import ROOT, MakeConfig, Procs, config_dict, events, run_fedctl
 
 CONTEXT = P.round_context("run", "inc", 1)
@@ -316,13 +316,17 @@ def test_below_the_threshold_the_round_fails_and_keeps_nothing() -> None:
     assert exc.value.code == errors.STALE_ROUND
 
 
-def test_forged_reveals_are_caught_by_the_commitments() -> None:
+@pytest.mark.parametrize("threshold", [3, 2])
+def test_forged_reveals_are_caught_by_the_commitments(threshold: int) -> None:
     """A worker that reveals a share that is not the one it was given: the rebuilt seed does
-    not open the owner's commitment, and the round fails rather than apply a wrong sum."""
+    not open the owner's commitment. With fewer genuine shares than the threshold the round
+    fails rather than apply a wrong sum; with enough, a threshold of them opens the seed, the
+    round's sum is exact, and the forger is named (it used to fail every round, an honest
+    owner named, the forger never)."""
     from worker.secagg import SecureUpload
 
     names = ["w1", "w2", "w3"]
-    sr = SecureRound(SecAggParams(threshold=3), 1, names, CONTEXT, 4, 100, 1e12, 0)
+    sr = SecureRound(SecAggParams(threshold=threshold), 1, names, CONTEXT, 4, 100, 1e12, 0)
     uploads = {}
 
     def request_for(w):
@@ -353,7 +357,12 @@ def test_forged_reveals_are_caught_by_the_commitments() -> None:
         t.start()
     for t in threads:
         t.join(timeout=30)
-    assert sr.stage == FAILED and "not genuine" in sr.failure
+    if threshold == 3:
+        assert sr.stage == FAILED and "fewer than the threshold (3) are genuine" in sr.failure
+        return
+    assert sr.stage == DONE and sr.forged == {"w3"}, (sr.stage, sr.failure)
+    assert np.allclose(sr.sum_, 3 * np.array([0.1, 0.2, 0.3, 1.0]),
+                       atol=sr.error_bound() + 1e-12)
 
 
 # ---------------------------------------------------------------------------- configuration
