@@ -85,6 +85,30 @@ def _run(procs: Procs, config: Path, attack: Any = None, workers_config: Path | 
     return json.loads((out / "summary.json").read_text()), peak
 
 
+def _run_beside_a_hostile_w1(procs: Procs, config: Path, mark: bool = False,
+                             honest: tuple[str, ...] = ("w2", "w3")
+                             ) -> tuple[dict[str, Any], list[BaseException]]:
+    """w1 a real Worker on a thread of this process, the only worker there (so that the
+    test's patches are its alone; ``mark`` sets ``family.hostile`` for them to tell), the
+    master and the ``honest`` workers processes of their own, as in a real job. Returns
+    summary.json and what w1's run raised."""
+    from worker.client import Worker
+
+    hostile = Worker(load_config(config), "w1")
+    if mark:
+        hostile.family.hostile = True
+    errors: list[BaseException] = []
+
+    def attack() -> None:
+        try:
+            hostile.run()
+        except BaseException as exc:  # surfaced by the caller
+            errors.append(exc)
+
+    summary, _ = _run(procs, config, attack, honest=honest)
+    return summary, errors
+
+
 class Attack:
     """w1's key in hostile hands, following the master through the job (the table of #22)."""
 
@@ -445,7 +469,6 @@ def test_a_worker_that_stops_every_step_is_excluded_and_the_others_train(
     of which restarts the step; it is excluded after ABSTAIN_LIMIT tries. (Left out, it used to
     be neither silent nor abstaining: no step ever completed, and the job trained nothing.)"""
     from common.models.ntm_sync_bn import ABSTAIN, N_PHASES
-    from worker.client import Worker
     from worker.families.base import FitResult
     from worker.families.ntm import ProdLDAClient
 
@@ -464,19 +487,7 @@ def test_a_worker_that_stops_every_step_is_excluded_and_the_others_train(
     steps = 2
     config = _config(make_config, tmp_path, rounds=N_PHASES * (steps + 3), min_workers=2,
                      model={"family": "prodlda", "vocab_size": 500})
-    # Only the hostile w1 runs in this process (the patch is this process's); the master and
-    # the honest w2, w3 are processes of their own, as in a real job.
-    hostile = Worker(load_config(config), "w1")
-    hostile.family.hostile = True
-    errors: list[BaseException] = []
-
-    def attack() -> None:
-        try:
-            hostile.run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    summary, _ = _run(procs, config, attack)
+    summary, errors = _run_beside_a_hostile_w1(procs, config, mark=True)
     assert len(errors) == 1 and "excluded" in str(errors[0]), errors
     assert "w1" in summary["excluded"], summary
     assert summary["trained"]["steps"] >= steps, summary["trained"]
@@ -496,7 +507,6 @@ def test_one_of_two_members_whose_batch_moments_are_far_off_is_found(
     held to the growth limit in the phase they arrive in: w1 is left out there, at every step,
     and each step goes on with w2's batch."""
     from common.models.ntm_sync_bn import N_PHASES
-    from worker.client import Worker
     from worker.families.base import FitResult
     from worker.families.ntm import ProdLDAClient
 
@@ -513,16 +523,7 @@ def test_one_of_two_members_whose_batch_moments_are_far_off_is_found(
     steps = 5
     config = _config(make_config, tmp_path, workers=2, rounds=N_PHASES * steps, min_workers=1,
                      model={"family": "prodlda", "vocab_size": 500})
-    hostile = Worker(load_config(config), "w1")
-    errors: list[BaseException] = []
-
-    def attack() -> None:
-        try:
-            hostile.run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    summary, _ = _run(procs, config, attack, honest=("w2",))
+    summary, errors = _run_beside_a_hostile_w1(procs, config, honest=("w2",))
     assert not errors and not summary.get("failed"), (errors, summary)
     assert summary["trained"]["steps"] == steps, summary["trained"]
     log = procs.log("master")
@@ -535,6 +536,22 @@ def test_one_of_two_members_whose_batch_moments_are_far_off_is_found(
             assert np.all(np.isfinite(model[name])) and model[name].max() < 100, name
 
 
+def _small_sync_prodlda_master() -> Any:
+    """The master's half of a synchronized-batch-norm prodlda job of two workers, set up in
+    this process (30 words each, 50 agreed, 3 topics)."""
+    from common.config import parse_config
+    from master.families.ntm import ProdLDAServer
+    from master.strategies import make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
+                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
+                                  "min_df": 1}}, "<test>")
+    server = ProdLDAServer(cfg, make_strategy("fedavg"))
+    server.setup({w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)},
+                      "n_docs": 5} for i, w in enumerate(["w1", "w2"])})
+    return server
+
+
 def test_an_aggregate_refused_mid_step_leaves_the_family_as_it_was() -> None:
     """A refused aggregate is undone through the family's savepoint: a synchronized step's
     last phase steps Adam, counts the step and clears the phase's statistics, and all of it
@@ -543,17 +560,10 @@ def test_an_aggregate_refused_mid_step_leaves_the_family_as_it_was() -> None:
 
     import torch
 
-    from common.config import parse_config
     from common.models.ntm_sync_bn import N_PHASES
-    from master.families.ntm import ProdLDAServer
-    from master.strategies import ClientResult, make_strategy
+    from master.strategies import ClientResult
 
-    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
-                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
-                                  "min_df": 1}}, "<test>")
-    server = ProdLDAServer(cfg, make_strategy("fedavg"))
-    server.setup({w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)},
-                      "n_docs": 5} for i, w in enumerate(["w1", "w2"])})
+    server = _small_sync_prodlda_master()
     rng = np.random.default_rng(0)
 
     def uploads(phase: int) -> list[ClientResult]:
@@ -657,18 +667,10 @@ def test_sync_batch_norm_uploads_are_checked_for_their_form() -> None:
     """An abstention is an empty float array, as workers send it; a sum of squares is never
     negative (a negative one made the published variance negative and every honest worker's
     next upload NaN)."""
-    from common.config import parse_config
     from common.models.ntm_sync_bn import ABSTAIN, N_PHASES
     from common.net.wire import ProtocolError
-    from master.families.ntm import ProdLDAServer
-    from master.strategies import make_strategy
 
-    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
-                        "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
-                                  "min_df": 1}}, "<test>")
-    server = ProdLDAServer(cfg, make_strategy("fedavg"))
-    server.setup({w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)},
-                      "n_docs": 5} for i, w in enumerate(["w1", "w2"])})
+    server = _small_sync_prodlda_master()
     server.check_update({ABSTAIN: np.zeros(0)})
     for bad in (np.array(["abc"]), np.zeros(3), np.zeros(0, np.int64)):
         with pytest.raises(ProtocolError):
