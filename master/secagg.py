@@ -108,7 +108,8 @@ class SecureRound:
         self.reveals: dict[str, tuple[dict[str, bytes], dict[str, bytes]]] = {}
         self.sum_: np.ndarray | None = None  # the float sum, once unmasked
         self.failure: str | None = None
-        self.forged: set[str] = set()  # revealed a share that is not its polynomial's
+        # (revealer, owner): a share revealed that is not on the owner's polynomial
+        self.forged: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ who is where
     @property
@@ -322,7 +323,8 @@ class SecureRound:
                                   f"{'seed' if kind == 0 else 'mask key'} came back, the "
                                   f"threshold is {self.threshold}")
             c_pk, s_pk, b_commit = self.keys[owner]
-            secret = self._open(held, _opens_seed(b_commit) if kind == 0 else _opens_key(s_pk))
+            secret = self._open(owner, held,
+                                _opens_seed(b_commit) if kind == 0 else _opens_key(s_pk))
             if secret is None:
                 what = "seed do not open what it committed to" if kind == 0 else \
                     "mask key do not open its public key"
@@ -343,12 +345,15 @@ class SecureRound:
             log.info("round %d: secure sum of %d workers (%s dropped after sharing: their "
                      "masks removed)", self.number, len(self.inputs), ", ".join(dropped))
 
-    def _open(self, held: Mapping[int, bytes], opens: Callable[[bytes], bool]) -> bytes | None:
-        """The secret ``held`` (point -> share) opens, or None where fewer than the threshold
-        are genuine. Should a share not be (one member can send a wrong one and so fail every
-        round, an honest owner named), a threshold of them that opens the secret is looked
-        for among the first SECAGG_MAX_SUBSETS; it fixes the polynomial, and a share the
-        polynomial does not pass through is forged: its sender goes in :attr:`forged`."""
+    def _open(self, owner: str, held: Mapping[int, bytes], opens: Callable[[bytes], bool]
+              ) -> bytes | None:
+        """The secret of ``owner`` that ``held`` (point -> share) opens, or None where fewer
+        than the threshold are genuine. Should a share not be (one member could send a wrong
+        one and so fail every round, an honest owner named), a threshold of them that opens
+        the secret is looked for among the first SECAGG_MAX_SUBSETS; it fixes the polynomial,
+        and a share it does not pass through goes in :attr:`forged` with its revealer. Who
+        forged it is not known: its revealer, or the owner that dealt it (shares travel
+        encrypted between the two), so no one is excluded for it."""
         secret = _combine(held)
         if opens(secret):  # (every share together opens it only if every one is genuine)
             return secret
@@ -360,7 +365,7 @@ class SecureRound:
             if not opens(secret):
                 continue
             base = {p: held[p] for p in subset[:-1]}
-            self.forged |= {by_point[p] for p in points if p not in subset
+            self.forged |= {(by_point[p], owner) for p in points if p not in subset
                             and not opens(_combine({**base, p: held[p]}))}
             return secret
         return None

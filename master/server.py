@@ -892,9 +892,14 @@ class Master:
             sa.advance(now, lambda w: w in self.roster and self.roster.alive(w, now))
             if sa.stage not in (SECURE_DONE, SECURE_FAILED):
                 return
-            for wid in sorted(sa.forged - set(self.excluded)):
-                self._exclude(wid, f"a share it revealed in round {rnd.number}'s secure "
-                                   f"aggregation is not genuine (not on its owner's polynomial)")
+            for revealer, owner in sorted(sa.forged):
+                # Not an exclusion: the share may be wrong as the owner dealt it.
+                log.warning("round %d: the share of %s's secret that %s revealed is not on its "
+                            "polynomial: left out (%s or %s is not honest)", rnd.number, owner,
+                            revealer, revealer, owner)
+                self.metrics.write("secagg_share_left_out", round=rnd.number, revealer=revealer,
+                                   owner=owner, time=time.time())
+            sa.forged.clear()
             live = [w for w in rnd.participants if w in self.roster
                     and self.roster.alive(w, now)]
             if (sa.stage == SECURE_FAILED and sa.attempt < C.SECAGG_MAX_ATTEMPTS
