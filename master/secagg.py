@@ -359,8 +359,12 @@ class SecureRound:
             return secret
         points = sorted(held)
         by_point = {p: w for w, p in self.points.items()}
-        for subset in itertools.islice(itertools.combinations(points, self.threshold),
-                                       C.SECAGG_MAX_SUBSETS):
+        # One share left out at a time first (a single forger, wherever its point, in m
+        # tries), then the lexicographic sets up to the cap.
+        leave_one_out = ([q for q in points if q != p][:self.threshold] for p in points)
+        for subset in itertools.islice(itertools.chain(
+                leave_one_out, itertools.combinations(points, self.threshold)),
+                len(points) + C.SECAGG_MAX_SUBSETS):
             secret = _combine({p: held[p] for p in subset})
             if not opens(secret):
                 continue

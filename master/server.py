@@ -597,17 +597,19 @@ class Master:
     def _on_report(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
         M.check_report(msg.body["report"])
-        if self.phase in (JOINING, TRAINING):
-            raise ProtocolError("no final report before the last round: the job is "
-                                f"{self.phase}", code=errors.REJECTED)
         report = dict(msg.body["report"])
         if report == ws.report:  # sent again (a retry whose reply was lost): kept already
             send(self.rep, M.ACK, {"round": self.round, "duplicate": True})
             return
-        # Each one is appended to a file and logged: one member must not fill the disk.
-        if self._reports_taken[ws.worker_id] >= C.MAX_REPORTS_PER_WORKER:
-            raise ProtocolError(f"{ws.worker_id} has sent {C.MAX_REPORTS_PER_WORKER} final "
-                                "reports already; no more are taken", code=errors.REJECTED)
+        # Each one kept is appended to a file and logged: one member must not fill the disk.
+        # One not kept is still acknowledged (kept: false): an honest worker that reports to
+        # a master resumed into training, or restarts past the limit, must not fail for it.
+        if (self.phase in (JOINING, TRAINING)
+                or self._reports_taken[ws.worker_id] >= C.MAX_REPORTS_PER_WORKER):
+            log.debug("report from %s not kept (phase %s, %d kept)", ws.worker_id, self.phase,
+                      self._reports_taken[ws.worker_id])
+            send(self.rep, M.ACK, {"round": self.round, "duplicate": False, "kept": False})
+            return
         self._reports_taken[ws.worker_id] += 1
         ws.report = report
         log.info("final report from %s", ws.worker_id)
@@ -894,9 +896,10 @@ class Master:
                 return
             for revealer, owner in sorted(sa.forged):
                 # Not an exclusion: the share may be wrong as the owner dealt it.
-                log.warning("round %d: the share of %s's secret that %s revealed is not on its "
-                            "polynomial: left out (%s or %s is not honest)", rnd.number, owner,
-                            revealer, revealer, owner)
+                log.warning("round %d: the share of %s's secret that %s revealed is not on the "
+                            "polynomial the other shares fix: left out (unverified: %s, %s or a "
+                            "pair colluding is not honest)", rnd.number, owner, revealer,
+                            revealer, owner)
                 self.metrics.write("secagg_share_left_out", round=rnd.number, revealer=revealer,
                                    owner=owner, time=time.time())
             sa.forged.clear()

@@ -602,3 +602,22 @@ def test_below_the_threshold_the_job_ends_in_one_line_with_nothing_applied(
     assert not events(out, "secagg")  # no round was applied, not even in part
     assert [e["version"] for e in events(out, "round")] == [0]
     assert (out / "checkpoint.npz").exists()
+
+
+@pytest.mark.parametrize("n", [14, 20])
+def test_one_forged_share_at_any_point_is_found_among_many_workers(n: int) -> None:
+    """Sets of shares tried in lexicographic order all held point 1's share for the first
+    C(n-1, t-1) tries (1,716 at n = 14, past the cap): a forger named w1 failed every round.
+    One share left out at a time comes first now."""
+    import hashlib
+
+    names = [f"w{i:02d}" for i in range(1, n + 1)]
+    sr = SecureRound(SecAggParams(), 1, names, CONTEXT, 4, 100, 1e12, 0)
+    secret = bytes(range(32))
+    for forger in (1, n):
+        shares = shamir.split(secret, list(range(1, n + 1)), sr.threshold)
+        shares[forger] = bytes(shamir.SHARE_BYTES)
+        sr.forged.clear()
+        opened = sr._open("w02", shares,
+                          lambda s: hashlib.sha256(s).digest() == hashlib.sha256(secret).digest())
+        assert opened == secret and sr.forged == {(names[forger - 1], "w02")}
