@@ -137,7 +137,7 @@ REREGISTER_QUIET_S = 1.0
 REGISTER_LOG_LIMIT = 5
 REGISTER_LOG_WINDOW_S = 60.0
 #: Final reports of one worker the master keeps (a restarted worker reports again; a resent
-#: one is the same report and not counted); more are refused.
+#: one is the same report and not counted); more are acknowledged and not kept.
 MAX_REPORTS_PER_WORKER = 3
 
 #: Most samples a worker may declare (weights beyond it are not believable).

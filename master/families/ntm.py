@@ -222,7 +222,7 @@ class ProdLDAServer(VocabularyServer):
         back = super().savepoint()
         fields = {k: getattr(self, k) for k in ("steps_", "phase_", "step_workers_",
                                                 "step_sizes_", "step_start_", "step_round_")}
-        changes = list(self.changes_)
+        n_changes = len(self.changes_)  # only ever appended to: no copy a round
         reducer = self.reducer_
         stats = None if reducer is None else (reducer.enc_, reducer.dec_)  # replaced, not edited
         model = None
@@ -236,7 +236,8 @@ class ProdLDAServer(VocabularyServer):
             back()
             for k, v in fields.items():
                 setattr(self, k, v)
-            self.changes_, self.reducer_ = changes, reducer
+            del self.changes_[n_changes:]
+            self.reducer_ = reducer
             if reducer is not None and stats is not None:
                 reducer.enc_, reducer.dec_ = stats
             if model is not None and self.model_ is not None:
