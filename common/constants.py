@@ -136,6 +136,13 @@ REREGISTER_QUIET_S = 1.0
 #: new process token at every request would otherwise write two log lines and an event each.
 REGISTER_LOG_LIMIT = 5
 REGISTER_LOG_WINDOW_S = 60.0
+#: Refused CURVE handshakes (a key not admitted) the master logs at warning within
+#: REGISTER_LOG_WINDOW_S, the rest at debug: anyone who reaches the port can make up keys.
+DENIAL_LOG_LIMIT = 5
+#: Handshakes a worker lets fail without a word from the master before it gives up: one
+#: that fails with no reason is a master key that does not match the master's (the master
+#: cannot decrypt the hello); a few allow for a master dying mid-handshake.
+HANDSHAKE_FAILURES_TO_GIVE_UP = 3
 #: Final reports of one worker the master keeps (a restarted worker reports again; a resent
 #: one is the same report and not counted); more are acknowledged and not kept.
 MAX_REPORTS_PER_WORKER = 3

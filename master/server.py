@@ -693,7 +693,8 @@ class Master:
                            f"in the last heartbeat_timeout + join_timeout "
                            f"({self.cfg.heartbeat_timeout + self.cfg.join_timeout:g}s), "
                            f"min_workers is {self.cfg.min_workers}: the job cannot go on; the "
-                           f"checkpoint is kept: start the workers and `fedctl master --resume`")
+                           f"checkpoint is kept: start the workers and `fedctl master --resume`"
+                           f"{self._refused_keys()}")
             else:
                 self._maybe_close_round(now)
         elif self.phase == REPORTING:
@@ -708,6 +709,12 @@ class Master:
                                 f"{self.cfg.heartbeat_timeout:g}s)")
                 self._finish()
 
+    def _refused_keys(self) -> str:
+        """A note on the connections CURVE refused, for lines that say no one came."""
+        denied = self._auth.denied if self._auth is not None else 0
+        return (f"; {denied} connection(s) refused for keys not admitted (see the warnings "
+                f"above)" if denied else "")
+
     def _maybe_start(self, now: float) -> None:
         n = len(self.workers)
         everyone = self._expected and self._expected <= set(self.workers)
@@ -716,10 +723,10 @@ class Master:
                 or (waited and n >= self.cfg.min_workers)):
             if now - self._join_started >= JOIN_LOG_INTERVAL_S:  # waiting is normal; silently not
                 self._join_started = now
-                log.info("waiting for workers: %d registered (%s), min_workers=%d%s", n,
+                log.info("waiting for workers: %d registered (%s), min_workers=%d%s%s", n,
                          ", ".join(sorted(self.workers)) or "none", self.cfg.min_workers,
                          f", expecting {', '.join(sorted(self._expected - set(self.workers)))}"
-                         if self._expected else "")
+                         if self._expected else "", self._refused_keys())
             return
         if not self._setup_family():
             return

@@ -5,6 +5,7 @@ bytes on the wire are not readable (captured by a TCP relay between a worker and
 from __future__ import annotations
 
 import select
+import shutil
 import socket
 import threading
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 import zmq
+import zmq.auth
 
 from common.net.security import client_keys, keygen
 from common.net.wire import encode
@@ -106,8 +108,8 @@ def _run_with_capture(make_config: MakeConfig, tmp_path: Path, procs: Procs, mod
         codes = procs.wait_all(timeout=240)
     finally:
         relay.stop()
-    assert {n: c for n, c in codes.items() if n != "rogue"} == {"master": 0, "w1": 0, "w2": 0}, \
-        procs.logs_tail()
+    cluster = {n: c for n, c in codes.items() if n not in ("rogue", "stale")}
+    assert cluster == {"master": 0, "w1": 0, "w2": 0}, procs.logs_tail()
     return bytes(relay.captured), tmp_path / "out"
 
 
@@ -143,20 +145,37 @@ def test_curve_run_is_unreadable_on_the_wire_and_refuses_other_keys(
         # A whole worker process with an unadmitted key (started now that the master serves,
         # so that it has the master to listen to; it imports torch while the pings go on).
         raw["security"]["keys_dir"] = str(tmp_path / "rogue")
-        raw["join_timeout"] = 2  # how long it listens for an announcement before it gives up
+        # How long it would listen for an announcement: a refused key ends it well before.
+        raw["join_timeout"] = 600
         rogue_cfg = tmp_path / "rogue.yaml"
         rogue_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
         (tmp_path / "rogue" / "master.key").write_bytes((tmp_path / "keys" / "master.key")
                                                         .read_bytes())
         w2 = procs.start("rogue", "worker", "--config", str(rogue_cfg), "--id", "w2",
                          "--threads", "1")
+        # w2's own keys beside a master key made again since (a master whose keys were
+        # regenerated): the handshake fails, and the worker says which key is wrong.
+        stale = tmp_path / "stale"
+        shutil.copytree(tmp_path / "keys", stale)
+        zmq.auth.create_certificates(stale, "master")
+        raw["security"]["keys_dir"] = str(stale)
+        stale_cfg = tmp_path / "stale.yaml"
+        stale_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        stale_w2 = procs.start("stale", "worker", "--config", str(stale_cfg), "--id", "w2",
+                               "--threads", "1")
 
         rogue = client_keys(tmp_path / "rogue", "w2")
         rogue.server_public = admitted.server_public  # it knows the master's public key, even so
         assert not _request(rep, rogue.setup)
         assert not _request(rep)  # plaintext
         assert w2.wait(timeout=90) != 0
-        assert "no announcement" in procs.log("rogue")
+        assert "the master refused this worker's key" in procs.log("rogue"), procs.log("rogue")
+        assert "admitted" in procs.log("rogue")
+        assert stale_w2.wait(timeout=90) != 0
+        assert "is not the master's public key" in procs.log("stale"), procs.log("stale")
+        assert "no announcement" not in procs.log("rogue") + procs.log("stale")
+        # The master names the refusal (it was at debug level, unseen).
+        assert "is not among the admitted keys" in procs.log("master")
         assert procs.procs["master"].poll() is None  # still serving, still waiting for w2
         # nobody but the pings and the admitted w1 got through
         assert {e["worker"] for e in events(tmp_path / "out", "register")} <= {"w1"}

@@ -34,7 +34,7 @@ from common.models.numerics import flush_denormals
 from common.net import errors
 from common.net import messages as M
 from common.net.compression import Compressor
-from common.net.security import client_keys
+from common.net.security import HandshakeWatch, SecurityError, client_keys
 from common.net.transport import (
     LazyPirateClient,
     PeerUnreachable,
@@ -197,10 +197,13 @@ class Worker:
         flush_denormals()  # in the thread that trains (common/models/numerics.py says why)
         m = self.cfg.master
         setup = None
+        watch = None  # the first subscription's handshakes: refused keys fail at once
         if self.cfg.security.curve:
             setup = client_keys(self.cfg.security.keys_dir, self.worker_id).setup
-        self._sub_setup = setup
+            watch = HandshakeWatch(self.cfg.security.keys_dir, self.worker_id)
+            self._sub_setup = lambda sock: (setup(sock), watch(sock))
         self._subscribe()
+        self._sub_setup = setup
         # A request goes on being retried for join_timeout: a master that died while this
         # worker uploaded may be resumed within it, as the README says (it gave up after
         # REQUEST_RETRIES attempts, 50 s, whatever join_timeout said).
@@ -209,7 +212,11 @@ class Worker:
         self.heartbeat = Heartbeat(self.ctx, m.rep_endpoint, self.worker_id, setup,
                                    self.process)
         try:
-            first = self._wait_announce(self.cfg.join_timeout)
+            try:
+                first = self._wait_announce(self.cfg.join_timeout, watch)
+            finally:
+                if watch is not None:
+                    watch.close()
             self._register(first)
             self.heartbeat.start()
             return self._loop()
@@ -228,12 +235,15 @@ class Worker:
                                setup=self._sub_setup)
         self._subscribed_at = time.monotonic()
 
-    def _wait_announce(self, timeout: float) -> Message:
+    def _wait_announce(self, timeout: float, watch: HandshakeWatch | None = None) -> Message:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = self._recv_sub(200)
             if msg is not None and msg.kind == M.ANNOUNCE:
                 return msg
+            refusal = watch.refusal() if watch is not None else None
+            if refusal is not None:
+                raise SecurityError(f"{self.cfg.master.pub_endpoint}: {refusal}")
         raise TimeoutError(f"no announcement from the master at {self.cfg.master.pub_endpoint} "
                            f"within {timeout:g}s: is it running, and is the port reachable?")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,9 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
+
+from common import constants as C
 
 log = logging.getLogger("fedctl.security")
 
@@ -112,23 +116,104 @@ def admitted_names(keys_dir: str | Path) -> dict[bytes, str]:
 
 class NamingAuthenticator(ThreadAuthenticator):
     """The ZAP handler: admits the keys in ``admitted/`` and names each connection after the
-    worker its key belongs to (ZeroMQ's User-Id), so the master can tell who sent a message."""
+    worker its key belongs to (ZeroMQ's User-Id), so the master can tell who sent a message.
+
+    A refused key is logged at warning (``DENIAL_LOG_LIMIT`` a minute, the rest at debug): a
+    worker whose key was never copied to ``admitted/`` otherwise looked like a network fault.
+    """
 
     def __init__(self, ctx: zmq.Context, names: dict[bytes, str]) -> None:
         super().__init__(ctx, log=logging.getLogger("fedctl.zap"))
         self.names = names
+        self.denied = 0  # handshakes refused so far
+        self._logged: list[float] = []  # when the last warnings were written
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        """Admit ``client_key`` (z85) when it is an admitted worker's (pyzmq's credentials
+        provider interface)."""
+        if z85.decode(client_key) in self.names:
+            return True
+        self.denied += 1
+        now = time.monotonic()
+        self._logged = [t for t in self._logged if now - t < C.REGISTER_LOG_WINDOW_S]
+        quiet = len(self._logged) >= C.DENIAL_LOG_LIMIT
+        if not quiet:
+            self._logged.append(now)
+        log.log(logging.DEBUG if quiet else logging.WARNING,
+                "refused a connection whose public key %s is not among the admitted keys "
+                "(a worker's keys/workers/<id>.key must be copied to the master's "
+                "keys/admitted/<id>.key, and the master restarted)", client_key.decode())
+        return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self.names.get(client_public_key, "")  # admitted keys are all named
 
 
-def start_authenticator(ctx: zmq.Context, keys_dir: str | Path) -> ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context, keys_dir: str | Path) -> NamingAuthenticator:
     """Start the ZAP handler that admits only the keys in ``keys_dir/admitted`` and names each
     connection by its worker."""
     auth = NamingAuthenticator(ctx, admitted_names(keys_dir))
     auth.start()
-    auth.configure_curve(domain="*", location=str(admitted_dir(keys_dir)))
+    auth.configure_curve_callback(domain="*", credentials_provider=auth)
     return auth
+
+
+#: The handshake events :class:`HandshakeWatch` reads.
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+
+
+class HandshakeWatch:
+    """What became of a CURVE client socket's handshakes with the master, from ZeroMQ's socket
+    monitor: so that a worker refused for its keys says so, at once, rather than waiting out
+    its join timeout and blaming the network.
+
+    Attach it before the socket connects (it is a ``SocketSetup``); :meth:`refusal` then says
+    why the master refused it, or None.
+    """
+
+    def __init__(self, keys_dir: str | Path, worker_id: str) -> None:
+        self.keys = Path(keys_dir)
+        self.worker_id = worker_id
+        self.monitor: zmq.Socket | None = None
+        self._sock: zmq.Socket | None = None
+        self.failures = 0  # handshakes failed without a reason since the last success
+
+    def __call__(self, sock: zmq.Socket) -> None:
+        self.close()
+        self._sock = sock
+        self.monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+
+    def refusal(self) -> str | None:
+        """Why the master refused this worker's handshakes (reads the events so far), or None
+        while none was refused for certain."""
+        while self.monitor is not None and self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.failures = 0
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return (f"the master refused this worker's key: "
+                        f"{self.keys / 'workers' / f'{self.worker_id}.key'} is not among its "
+                        f"admitted keys (copy it to the master's keys/admitted/"
+                        f"{self.worker_id}.key and restart the master)")
+            else:
+                self.failures += 1
+        if self.failures >= C.HANDSHAKE_FAILURES_TO_GIVE_UP:
+            return (f"the CURVE handshake with the master failed {self.failures} times: "
+                    f"{self.keys / 'master.key'} is not the master's public key (were the "
+                    f"master's keys made again? copy its keys/master.key here)")
+        return None
+
+    def close(self) -> None:
+        """Stop watching (before the socket closes)."""
+        if self.monitor is not None:
+            try:
+                assert self._sock is not None
+                if not self._sock.closed:
+                    self._sock.disable_monitor()
+            finally:
+                self.monitor.close(linger=0)
+                self.monitor = None
 
 
 def sender_identity(frame: zmq.Frame) -> str | None:
