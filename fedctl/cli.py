@@ -130,12 +130,20 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
         # From the start: a SIGTERM while the master binds or restores ends it in order too.
         with stopped_by_signals():
             cfg = _load(config, workers, rounds, output, overrides)
-            from fedctl.run import HISTORY_LINK, output_folder, point_history_link, resume_folder
+            from fedctl.run import (
+                HISTORY_LINK,
+                history_link,
+                output_folder,
+                point_history_link,
+                resume_folder,
+            )
 
             # An output folder named `latest` keeps a history, as with `fedctl run`: a new run gets
-            # a folder of its own beside it, --resume finds the newest unfinished one.
-            link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
-            if link is not None:
+            # a folder of its own beside it, --resume finds the newest unfinished one. A run of a
+            # history continued by its own folder (the command a stopped master prints) finishes
+            # under that history's link too.
+            link = history_link(cfg.output_dir)
+            if Path(cfg.output_dir).name == HISTORY_LINK:
                 cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
             elif not resume and (Path(cfg.output_dir) / "summary.json").is_file():
                 # A new job there would append to its log and write over its results.

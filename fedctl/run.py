@@ -118,6 +118,18 @@ def resume_folder(link: Path) -> Path:
     return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
 
 
+def history_link(output_dir: str | Path) -> Path | None:
+    """The history link a run in ``output_dir`` finishes under: ``output_dir`` itself when it
+    is named ``latest``, else a ``latest`` link beside it (a run of that history continued
+    with ``--config <run>/cluster.yaml --resume``, the command a stopped master prints); None
+    when there is no history."""
+    out = Path(os.path.abspath(output_dir))
+    if out.name == HISTORY_LINK:
+        return out
+    beside = out.parent / HISTORY_LINK
+    return beside if beside.is_symlink() else None
+
+
 def point_history_link(link: Path, final: Path) -> None:
     """Point ``link`` (``runs/latest``) at the finished run ``final``, atomically."""
     tmp = link.with_name(link.name + ".new")

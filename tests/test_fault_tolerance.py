@@ -174,12 +174,17 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     assert procs.log("master").strip().splitlines()[-1] == (
         f"Error: stopped by SIGTERM; the checkpoint in {out} is kept: continue with "
         f"`fedctl master --config {out / 'cluster.yaml'} --resume`")
-    procs.master(cfg, "--resume", name="master2")
+    # The command it printed, in a history (a `latest` link beside the run, at an older one):
+    # the link follows the run once it ends (it stayed at the older run).
+    (tmp_path / "older").mkdir()
+    (tmp_path / "latest").symlink_to("older")
+    procs.master(out / "cluster.yaml", "--resume", name="master2")
     for w in ("w1", "w2"):
         procs.procs[w].send_signal(signal.SIGCONT)
     codes = procs.wait_all(timeout=300)
     assert set(codes.values()) == {0}, procs.logs_tail()
     assert _rounds(out) == list(range(1, 9))
+    assert (tmp_path / "latest").resolve() == out.resolve()
 
 
 def test_two_workers_started_with_one_id(tmp_path: Path, make_config: MakeConfig,
