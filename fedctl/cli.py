@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -145,6 +146,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
             link = history_link(cfg.output_dir)
             if Path(cfg.output_dir).name == HISTORY_LINK:
                 cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
+                new_folder = None if resume else Path(cfg.output_dir)
             elif not resume and (Path(cfg.output_dir) / "summary.json").is_file():
                 # A new job there would append to its log and write over its results.
                 raise ConfigError(f"{config}: output_dir: {cfg.output_dir} holds a finished run; "
@@ -172,7 +174,21 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     finally:
         if "server" in locals():
             server.close()
+        if locals().get("new_folder") is not None:
+            _drop_if_nothing_trained(new_folder)
     _end()
+
+
+def _drop_if_nothing_trained(folder: Path) -> None:
+    """Remove a history's new run folder whose master stopped before it kept anything (no
+    checkpoint: keys missing, a port taken): `fedctl runs` listed such a start as a run
+    `running or stopped`."""
+    from fedctl.run import is_run_folder
+
+    if (folder.is_dir() and not (folder / "checkpoint.npz").exists()
+            and not (folder / "summary.json").exists()
+            and (is_run_folder(folder) or not any(folder.iterdir()))):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _draw_curves(out: Path) -> None:
@@ -429,6 +445,19 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                                   for w, (a, b) in found.documents.items()},
                     "labelled": found.labelled, "not_on_this_host": found.not_here,
                     "ports_checked": found.ports_checked}
+    keys = ""
+    if cfg.security.curve:
+        from common.net.security import missing_keys
+
+        missing = missing_keys(cfg.security.keys_dir, [w.name for w in cfg.workers])
+        summary["keys_missing"] = [str(p) for p in missing]
+        if missing:
+            shown = ", ".join(str(p) for p in missing[:3]) + (
+                f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            keys = (f" Note: CURVE key files not on this host: {shown}; `fedctl run` makes "
+                    f"them, `fedctl master` and `fedctl worker` need them (`fedctl keygen "
+                    f"--config {summary['config']}`, then each node its part: README, "
+                    f"Security).")
     if as_json:
         click.echo(json.dumps(summary))
         return
@@ -448,7 +477,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
                f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or _ANY}), "
                f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}"
-               f"{taken}")
+               f"{taken}{keys}")
 
 
 #: What `check` says of a config that lists no worker.

@@ -164,6 +164,27 @@ def test_good_check_says_what_it_read(make_config: MakeConfig, tmp_path: Path) -
     assert "Data: 600 labelled document(s) read for 3 worker(s); ports free." in proc.stdout
 
 
+def test_check_says_which_curve_keys_are_missing_and_a_failed_start_leaves_no_run(
+        make_config: MakeConfig, tmp_path: Path) -> None:
+    """CURVE without keys: `check` passed it in silence, then `fedctl master` failed and left
+    an empty folder that `fedctl runs` listed as running. Now check names the missing files,
+    and the master's failed start takes its new folder away again."""
+    keys = tmp_path / "keys"
+    config = make_config(tmp_path, workers=2, output_dir=str(tmp_path / "runs" / "latest"),
+                         security={"mode": "curve", "keys_dir": str(keys)})
+    checked = _fedctl("check", "--config", str(config), "--no-family")
+    assert checked.returncode == 0, checked.stderr
+    assert (f"Note: CURVE key files not on this host: {keys / 'master.key'}, "
+            f"{keys / 'master.key_secret'}, {keys / 'admitted' / 'w1.key'} and 3 more; "
+            f"`fedctl run` makes them") in checked.stdout, checked.stdout
+    line = _one_line_error(_fedctl("master", "--config", str(config)))
+    assert line == f"Error: {keys / 'master.key_secret'}: no such key file (run `fedctl keygen`)"
+    assert not any((tmp_path / "runs").iterdir())
+    assert _fedctl("keygen", "--config", str(config)).returncode == 0
+    checked = _fedctl("check", "--config", str(config), "--no-family", "--json")
+    assert json.loads(checked.stdout)["keys_missing"] == []
+
+
 # ---------------------------------------------------------------- runs never mix, quiet
 BARS = ("Batches", "Loading weights", "rounds:", "it/s")
 

@@ -97,6 +97,17 @@ def client_keys(keys_dir: str | Path, worker_id: str) -> ClientKeys:
     return ClientKeys(public, secret, server_public)
 
 
+def missing_keys(keys_dir: str | Path, workers: Iterable[str]) -> list[Path]:
+    """The key files of a CURVE cluster that are not under ``keys_dir``: the master's pair,
+    and each listed worker's admitted key and pair (a node holds only its own part, so what
+    is missing here may be on another node)."""
+    keys = Path(keys_dir)
+    wanted = [keys / "master.key", keys / "master.key_secret"]
+    for name in workers:
+        wanted += [keys / "admitted" / f"{name}.key", keys / "workers" / f"{name}.key_secret"]
+    return [p for p in wanted if not p.is_file()]
+
+
 def admitted_dir(keys_dir: str | Path) -> Path:
     """Where the master finds the public keys it admits."""
     folder = Path(keys_dir) / "admitted"
