@@ -432,6 +432,17 @@ def job_terms(cfg: ClusterConfig) -> dict[str, Any]:
             "privacy": privacy, "compression": dict(cfg.compression)}
 
 
+def share_terms(cfg: ClusterConfig) -> dict[str, Any]:
+    """How the shares of ``data.path`` are cut: what a worker that reads its share of it (no
+    file of its own) must agree on with the master, or it trains on other documents than the
+    master's baselines and the other workers count on (a `--set data.limit=...` on one node).
+    Sent under ``data`` beside :func:`job_terms`' by such a worker alone."""
+    d = cfg.data
+    return {"file": Path(d.path).name, "partition": d.partition, "alpha": d.alpha,
+            "proportions": d.proportions, "test_fraction": d.test_fraction, "limit": d.limit,
+            "workers": [w.name for w in cfg.workers]}
+
+
 def data_terms(cfg: ClusterConfig) -> dict[str, Any]:
     """How a simulated cluster's data is read and split: the file (its name and size: the
     same file moved is the same), the split and the cap. A resumed master that trains

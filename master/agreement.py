@@ -5,7 +5,9 @@ strategy, seed, task, privacy or compression differs from the master's used to t
 on other terms (another positive class made a three-class model; another width failed in the
 middle of round 1 with a message cut short). Its registration now carries those terms
 (:func:`common.config.job_terms`) and the master refuses it, naming each difference. What
-differs by node is not compared: paths, devices, ports, output folders, round counts.
+differs by node is not compared: paths, devices, ports, output folders, round counts (a
+worker trains the master's, which it is told on joining). A worker that reads its share of the
+shared data file also sends how the shares are cut (:func:`common.config.share_terms`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from common.config import ClusterConfig, ConfigError, build_params, job_terms
+from common.config import ClusterConfig, ConfigError, build_params, job_terms, share_terms
 
 #: Differences named in one refusal; the rest are counted.
 SHOWN = 3
@@ -82,6 +84,9 @@ def job_differences(cfg: ClusterConfig, family: Any, theirs: Any, there: str = "
         # flood of them, from one admitted key, starved the honest workers' requests.
         return [f"job: more than {MAX_JOB_NODES} terms (a job has a few dozen)"]
     ours = job_terms(cfg)
+    their_data = theirs.get("data")
+    if isinstance(their_data, Mapping) and "partition" in their_data:  # it reads a share
+        ours["data"] |= share_terms(cfg)
     mine_model, their_model = ours.pop("model"), theirs.get("model")
     found = []
     if isinstance(their_model, Mapping):

@@ -26,7 +26,7 @@ import torch
 import zmq
 
 from common import constants as C
-from common.config import ClusterConfig, ConfigError, job_terms
+from common.config import ClusterConfig, ConfigError, job_terms, share_terms
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.data.embedding import resolve_device
 from common.data.shards import local_data, worker_seed
@@ -277,9 +277,11 @@ class Worker:
                               f"{self.cfg.family}: is another job's master on these ports? "
                               f"(nothing was sent)")
         info = self.family.registration_info()
+        job = job_terms(self.cfg)
+        if self.data.shared:  # how the shares are cut, lest it train on other documents
+            job["data"] |= share_terms(self.cfg)
         reply = self._request(M.REGISTER, {"n_samples": self.family.n_samples,
-                                           "device": self.device, "info": info,
-                                           "job": job_terms(self.cfg)})
+                                           "device": self.device, "info": info, "job": job})
         run_id = reply.body.get("run_id")
         if self.run_id is not None and run_id is not None and run_id != self.run_id:
             # The master was started again without --resume: a new job, whose round 1 comes
@@ -290,6 +292,14 @@ class Worker:
             self._new_job()
         self.run_id = run_id
         self.incarnation = reply.body.get("incarnation")
+        rounds = reply.body.get("rounds")
+        if (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0
+                and rounds != self.cfg.rounds):
+            # The job's length is the master's (--rounds given to it alone); a local-only
+            # baseline trained for this config's count compared unlike with like.
+            log.info("the master's job has %d rounds (%s says %d): this worker follows it",
+                     rounds, self.cfg.source, self.cfg.rounds)
+            self.cfg.rounds = rounds
         if self.snapshots is not None and self.run_id is not None:
             self.snapshots.adopt(str(self.run_id))
         log.info("%s registered with master %s (%d training, %d test documents, %s)",

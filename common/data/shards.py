@@ -35,6 +35,9 @@ class LocalData:
         Class names, ``y`` indexes into them.
     train_index, test_index : numpy.ndarray
         Rows the worker trains on and the rows of its own held-out test split.
+    shared : bool
+        Whether these are the worker's share of the cluster's ``data.path`` (a simulated
+        cluster), not a file of its own.
     """
 
     dataset: TextDataset
@@ -42,6 +45,7 @@ class LocalData:
     classes: list[str]
     train_index: np.ndarray
     test_index: np.ndarray
+    shared: bool = False
 
     @property
     def n_train(self) -> int:
@@ -125,7 +129,7 @@ def local_data(cfg: ClusterConfig, worker_id: str, data_path: str | None = None)
                       proportions=d.proportions, seed=cfg.seed)
     i = names.index(worker_id)
     train, test = holdout_split(y, parts[i], d.test_fraction, cfg.seed + i)
-    return LocalData(dataset, y, classes, train, test)
+    return LocalData(dataset, y, classes, train, test, shared=True)
 
 
 def worker_seed(cfg: ClusterConfig, worker_id: str) -> int:
