@@ -66,10 +66,12 @@ class MasterConfig:
 
 @dataclass
 class WorkerConfig:
-    """One worker: its name, host, its own data file (optional) and device."""
+    """One worker: its name, its host (optional: for the operator and the playbooks; a
+    worker reaches the master at ``master.host`` wherever it runs), its own data file
+    (optional) and device."""
 
     name: str
-    host: str = "127.0.0.1"
+    host: str | None = None
     data: str | None = None
     device: str = "auto"
 
@@ -275,13 +277,6 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             raise ConfigError(f"{where}.name: duplicate worker name {name!r}")
         seen.add(name)
         cfg.workers.append(WorkerConfig(**w))
-    # A cluster spread over machines must say where each worker runs (the playbooks and the
-    # operator need it); on one machine every worker is on the master's loopback.
-    if cfg.master.host not in ("127.0.0.1", "localhost", "::1"):
-        for i, w in enumerate(raw.get("workers") or []):
-            if not (isinstance(w, dict) and w.get("host")):
-                raise ConfigError(f"{src}: workers[{i}].host: expected the worker's host name "
-                                  f"or address (master.host is {cfg.master.host})")
 
     model = raw.get("model") or {"family": "mlp"}
     if isinstance(model, str):  # `model: nmf`, as `strategy: fedyogi`: the family's defaults

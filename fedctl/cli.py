@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import click
@@ -181,8 +182,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
 
 def _drop_if_nothing_trained(folder: Path) -> None:
     """Remove a history's new run folder whose master stopped before it kept anything (no
-    checkpoint: keys missing, a port taken): `fedctl runs` listed such a start as a run
-    `running or stopped`."""
+    checkpoint: keys missing, a port taken): `fedctl runs` listed such a start as a run."""
     from fedctl.run import is_run_folder
 
     if (folder.is_dir() and not (folder / "checkpoint.npz").exists()
@@ -202,6 +202,20 @@ def _draw_curves(out: Path) -> None:
         logging.getLogger("fedctl").warning("curves.png not drawn: %s", exc)
 
 
+def _runs_fedctl(args: list[bytes]) -> bool:
+    """Whether a command line is fedctl itself: ``fedctl ...``, ``python .../fedctl ...`` or
+    ``python -m fedctl(.cli) ...``; not a wrapper that starts it (``timeout 600 fedctl worker``
+    counted as a second worker, halving the threads)."""
+    program = os.path.basename(args[0]) if args else b""
+    if program == b"fedctl":
+        return True
+    if not program.startswith(b"python"):
+        return False
+    rest = args[1:]  # `python -m cProfile -o x -m fedctl.cli` too (fedctl_command's profile)
+    return (any(a == b"-m" and b in (b"fedctl", b"fedctl.cli") for a, b in pairwise(rest))
+            or (bool(rest) and os.path.basename(rest[0]) == b"fedctl"))
+
+
 def _workers_on_this_host() -> int:
     """``fedctl worker`` processes running on this host, this one included (from /proc on
     Linux; 1 where there is none)."""
@@ -212,7 +226,7 @@ def _workers_on_this_host() -> int:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if b"worker" in args and any(a.endswith(b"fedctl") or a == b"fedctl.cli" for a in args):
+        if b"worker" in args and _runs_fedctl(args):
             count += 1
     return max(1, count)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from common import constants as C
+from common.atomic import is_locked
 from common.config import ClusterConfig, load_config
 from common.runlog import read_metrics
 from fedctl.errors import one_line
@@ -173,8 +175,9 @@ def headline(summary: dict[str, Any] | None) -> str:
 
 def list_runs(root: str | Path) -> list[dict[str, Any]]:
     """Every run folder under ``root`` (``runs/``), oldest first: path, family, workers,
-    rounds, headline score, start, wall time and state (``finished``, ``failed``, ``running or
-    stopped``). The ``latest`` link is not listed twice."""
+    rounds, headline score, start, wall time and state (``finished``, ``failed``, ``running``
+    (its master holds the folder's lock), ``stopped`` or ``stopped, resumable`` (a checkpoint
+    to go on from)). The ``latest`` link is not listed twice."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -199,8 +202,17 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
             state = "failed"
         elif summary is not None and (folder / "model.npz").is_file():
             state = "finished"
+        elif is_locked(folder / C.MASTER_LOCK):  # its master holds the lock while it lives
+            state = "running"
         else:
-            state = "running or stopped"
+            state = ("stopped, resumable" if (folder / "checkpoint.npz").is_file()
+                     else "stopped")
+        # A stopped master's events say nothing of how long it lived (one that waited twelve
+        # minutes for its workers showed 1.8 s); a running one's wall is its time so far.
+        start = started(folder)
+        wall = (wall_time(folder) if state in ("finished", "failed")
+                else time.time() - start if state == "running" and start is not None
+                else None)
         family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))
         if family == "?" or not workers:
             try:
@@ -210,8 +222,8 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
                 pass
         found.append({"path": folder, "family": family, "workers": workers,
                       "rounds": (summary or {}).get("rounds", "-"), "score": headline(summary),
-                      "wall_s": wall_time(folder), "state": state,
-                      "started": started(folder), "mtime": folder.stat().st_mtime})
+                      "wall_s": wall, "state": state,
+                      "started": start, "mtime": folder.stat().st_mtime})
     # By when each began: a folder's time changes whenever anything is written in it (a
     # prediction saved there moved an old run to the end); the folder's time only where no
     # event says.

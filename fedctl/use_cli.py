@@ -308,6 +308,8 @@ def init(family: str, output: str, force: bool) -> None:
     inside = here == EXAMPLES.parent or EXAMPLES.parent in here.parents
     text = text.replace("../data/", (os.path.relpath(data, here) if inside else str(data)) + "/")
     text = text.replace("../runs/", "runs/")
+    # Its header's "Run:" line names the new file, not the example it came from.
+    text = text.replace(f"--config examples/{source.name}", f"--config {target}")
     atomic_write_bytes(target, text.encode())
     click.echo(f"wrote {target} ({family}, from examples/{source.name}); next: "
                f"fedctl check --config {target} && fedctl run --config {target}")

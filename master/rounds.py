@@ -188,10 +188,20 @@ def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> 
         # DP-FedAvg draws down workers too (its accountant needs k / N): one drawn down must
         # not hold the job for ever; the round closes with what came, perhaps nothing.
         return True
-    if now >= rnd.deadline and now - rnd.last_wait_log >= WAIT_LOG_INTERVAL_S:
+    if now - rnd.last_wait_log < WAIT_LOG_INTERVAL_S:
+        return False
+    if now >= rnd.deadline:
         rnd.last_wait_log = now
         log.warning("round %d: deadline passed with %d update(s), min_workers=%d; waiting for "
                     "more", rnd.number, len(rnd.results), min_workers)
+    elif not live and rnd.waiting():
+        # Every participant still out is down: say so now, not only at the deadline (a
+        # worker killed mid-round was named two minutes later).
+        rnd.last_wait_log = now
+        log.warning("round %d: %s down (no heartbeat) with %d update(s) in, min_workers=%d; "
+                    "waiting for it to come back (the round's deadline is in %.0fs)",
+                    rnd.number, ", ".join(rnd.waiting()), len(rnd.results), min_workers,
+                    rnd.deadline - now)
     return False
 
 

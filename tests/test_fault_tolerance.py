@@ -231,6 +231,8 @@ def test_a_worker_of_a_failed_job_exits_with_its_reason(tmp_path: Path,
     last = procs.log("w1").strip().splitlines()[-1]
     assert last.startswith("Error: the job failed at the master: "), last
     assert "w1" in last  # the master's own line: whom it heard from
+    # Said while it waited, not only at the round's deadline (60 s, after the job had failed).
+    assert "w2 down (no heartbeat) with 1 update(s) in, min_workers=2" in procs.log("master")
 
 
 def _fuzz_frames(rng: random.Random, model: dict[str, np.ndarray]) -> list[list[bytes]]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fedctl.cli import _runs_fedctl
 from fedctl.launch import child_env, fedctl_command
 from tests.conftest import (
     DATA,
@@ -449,6 +450,15 @@ def _as_nohup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; empty once it has ended (a short-lived child of a library
+    listed a moment before: the test failed reading its /proc entry)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.mark.slow
 def test_a_run_under_nohup_outlives_its_terminal(make_config: MakeConfig,
                                                  tmp_path: Path) -> None:
@@ -459,8 +469,7 @@ def test_a_run_under_nohup_outlives_its_terminal(make_config: MakeConfig,
     try:
         # The master, the workers and their fork server (its cmdline names what it preloads);
         # a fork server of a library's own may come and go meanwhile.
-        started = [p for p in descendants(run.pid)
-                   if b"'torch'" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        started = [p for p in descendants(run.pid) if b"'torch'" in _cmdline(p)]
         assert len(started) >= 3
         run.send_signal(signal.SIGHUP)
         time.sleep(2)
@@ -503,9 +512,21 @@ def _other_fedctl_workers(own: set[int]) -> int:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"worker" in args and any(a.endswith(b"fedctl") or a == b"fedctl.cli" for a in args):
+        if b"worker" in args and _runs_fedctl(args):
             count += 1
     return count
+
+
+def test_a_wrapper_of_a_worker_is_not_a_worker() -> None:
+    """`timeout 600 fedctl worker ...` counted twice (the wrapper and the worker), and each
+    worker took half the threads it should have."""
+    assert _runs_fedctl([b"/usr/bin/fedctl", b"worker"])
+    assert _runs_fedctl([b"/venv/bin/python3.11", b"-m", b"fedctl.cli", b"worker"])
+    assert _runs_fedctl([b"python", b"-m", b"cProfile", b"-o", b"p", b"-m", b"fedctl.cli"])
+    assert _runs_fedctl([b"python3", b"/venv/bin/fedctl", b"worker"])
+    assert not _runs_fedctl([b"timeout", b"600", b"fedctl", b"worker"])
+    assert not _runs_fedctl([b"bash", b"-c", b"fedctl worker"])
+    assert not _runs_fedctl([b""])
 
 
 def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
@@ -723,3 +744,26 @@ def test_a_run_whose_output_reader_left_trains_to_its_end(make_config: MakeConfi
     finally:
         kill_tree(run)
     assert (tmp_path / "out" / "model.npz").is_file()
+
+
+@pytest.mark.parametrize("family", ["mlp", "nmf", "prodlda", "combinedtm", "fstc", "lda",
+                                    "sentencelda"])
+def test_init_writes_a_config_that_checks_and_names_itself(family: str, tmp_path: Path) -> None:
+    """`fedctl init` for each family, outside the project: `fedctl check` accepts what it
+    wrote, and its header's "Run:" line names the new file (it named the example)."""
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+    from fedctl.use_cli import STARTERS
+
+    target = tmp_path / "cluster.yaml"
+    made = CliRunner().invoke(main, ["init", "-f", family, "-o", str(target)],
+                              prog_name="fedctl")
+    assert made.exit_code == 0, made.output
+    text = target.read_text()
+    assert f"examples/{STARTERS[family]}" not in text
+    run_lines = [line for line in text.splitlines() if line.startswith("#") and "Run:" in line]
+    assert run_lines and all(f"--config {target}" in line for line in run_lines), run_lines
+    checked = _fedctl("check", "--config", str(target), "--no-ports")
+    assert checked.returncode == 0, checked.stderr
+    assert f"valid. Family {family}" in checked.stdout

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from common import constants as C
+from common.atomic import hold_lock
 from common.config import ConfigError
 from fedctl.run import output_folder, point_history_link, resume_folder
 from fedctl.runs import list_runs
@@ -71,8 +73,16 @@ def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
     assert [e["path"].name for e in listed] == ["20260101T000000Z-aaaaaa",
                                                 "20260102T000000Z-bbbbbb",
                                                 "20260103T000000Z-cccccc.failed"]
-    assert [e["state"] for e in listed] == ["running or stopped", "finished", "failed"]
+    assert [e["state"] for e in listed] == ["stopped, resumable", "finished", "failed"]
     assert listed[1]["score"] == "macro-F1 0.7000" and listed[1]["wall_s"] == 3.5
+    assert listed[0]["wall_s"] is None  # its events say nothing of how long its master lived
+    # A master alive in it holds its lock: running, its wall the time since it began.
+    fd = hold_lock(runs / "20260101T000000Z-aaaaaa" / C.MASTER_LOCK)
+    try:
+        running = list_runs(runs)[0]
+    finally:
+        os.close(fd)
+    assert running["state"] == "running" and running["wall_s"] > 1e9
     assert listed[1]["started"] == 1.0
     # A project's copy holds a cluster.yaml too: it is no run (it was listed as one, running).
     (runs / "project").mkdir()
