@@ -378,9 +378,15 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
 @click.option("--as", "display_name", default=None, metavar="NAME",
               help="Call the file NAME in messages (to check a new file before it replaces "
                    "NAME).")
+@click.option("--id", "worker_id", default=None, metavar="NAME",
+              help="On a worker's node: check that worker alone (its documents, its keys), "
+                   "as `fedctl worker --id NAME` will read them.")
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="With --id: the worker's own JSONL, as given to `fedctl worker --data`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
-          display_name: str | None, as_json: bool) -> None:
+          worker_id: str | None, data: str | None, display_name: str | None,
+          as_json: bool) -> None:
     """Check a cluster.yaml and what it points to, as `fedctl master` and `fedctl worker` will.
 
     Reads the file (a key written twice is an error naming both lines), builds the family,
@@ -395,11 +401,15 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     logging.basicConfig(level=logging.WARNING, format="Warning: %(message)s")
     found = None
     try:
+        if data is not None and worker_id is None:
+            raise click.UsageError("--data needs --id (the worker whose documents they are)")
+        if data is not None and not Path(data).is_file():
+            raise ConfigError(f"--data: {data}: no such file")
         cfg = load_config(config, overrides)
         if family:
             from master.preflight import preflight
 
-            found = preflight(cfg, ports=ports)
+            found = preflight(cfg, ports=ports, worker=worker_id, data=data)
     except (ConfigError, ValueError, TypeError, OSError) as exc:
         text = one_line(exc)
         raise click.ClickException(text.replace(config, display_name) if display_name
@@ -463,7 +473,9 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     if cfg.security.curve:
         from common.net.security import missing_keys
 
-        missing = missing_keys(cfg.security.keys_dir, [w.name for w in cfg.workers])
+        missing = (missing_keys(cfg.security.keys_dir, [w.name for w in cfg.workers])
+                   if worker_id is None else
+                   missing_keys(cfg.security.keys_dir, [worker_id], master=False))
         summary["keys_missing"] = [str(p) for p in missing]
         if missing:
             shown = ", ".join(str(p) for p in missing[:3]) + (
@@ -479,7 +491,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     if found is not None:
         n = sum(a + b for a, b in found.documents.values())
         data = (f" Data: {n} {'labelled' if found.labelled else 'unlabelled'} document(s) "
-                f"read for {len(found.documents)} worker(s)"
+                f"read for {worker_id or f'{len(found.documents)} worker(s)'}"
                 + (f" ({', '.join(found.not_here)}: own file not on this host, not read)"
                    if found.not_here else "")
                 + ("; ports free." if found.ports_checked else "."))

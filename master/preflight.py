@@ -37,11 +37,16 @@ class Preflight:
     ports_checked: bool = False
 
 
-def preflight(cfg: ClusterConfig, ports: bool = True) -> Preflight:
+def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
+              data: str | None = None) -> Preflight:
     """Run every check on ``cfg``; raise ConfigError / DataError (one line) at the first
-    problem. ``ports``: also check that the master's ports are free on this host."""
+    problem. ``ports``: also check that the master's ports are free on this host. ``worker``:
+    read that worker's documents alone (a worker's node), from ``data`` when given (its
+    ``--data``)."""
     shared = Path(cfg.data.path)
-    if any(w.data is None for w in cfg.workers) and not shared.is_file():
+    readers = ([w for w in cfg.workers if w.name == worker] if worker is not None
+               else cfg.workers)
+    if data is None and any(w.data is None for w in readers) and not shared.is_file():
         raise ConfigError(f"{cfg.source}: data.path: {shared}: "
                           + ("a folder; expected a JSONL file" if shared.is_dir() else
                              "no such file (a relative path is read from the config's folder)"))
@@ -52,7 +57,8 @@ def preflight(cfg: ClusterConfig, ports: bool = True) -> Preflight:
                           f"is downloaded)")
     family = make_server_family(cfg)
     found = Preflight(family)
-    shards = worker_shards(cfg, found)
+    shards = ({worker: local_data(cfg, worker, data)} if worker is not None
+              else worker_shards(cfg, found))
     for wid, shard in shards.items():
         if family.needs_labels and not shard.labelled:
             raise DataError(unlabelled_message(shard.dataset.path, cfg.family))

@@ -195,6 +195,26 @@ def test_check_says_which_curve_keys_are_missing_and_a_failed_start_leaves_no_ru
     assert json.loads(checked.stdout)["keys_missing"] == []
 
 
+def test_check_on_a_workers_node_reads_its_own_documents(make_config: MakeConfig,
+                                                         tmp_path: Path) -> None:
+    """`fedctl check --id w2 --data mine.jsonl`: what `fedctl worker` will read on its node,
+    that worker alone (check had no way to name a worker's own file)."""
+    config = make_config(tmp_path, workers=2)
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("\n".join(_rows(40)) + "\n")
+    checked = _fedctl("check", "--config", str(config), "--id", "w2", "--data", str(mine),
+                      "--no-ports")
+    assert checked.returncode == 0, checked.stderr
+    assert "Data: 40 labelled document(s) read for w2." in checked.stdout, checked.stdout
+    unlabelled = tmp_path / "unlabelled.jsonl"
+    unlabelled.write_text('{"text": "a document"}\n' * 10)
+    line = _one_line_error(_fedctl("check", "--config", str(config), "--id", "w2", "--data",
+                                   str(unlabelled), "--no-ports"))
+    assert str(unlabelled) in line and "label" in line, line
+    line = _one_line_error(_fedctl("check", "--config", str(config), "--id", "w9"))
+    assert "'w9' is not a worker of this cluster" in line
+
+
 # ---------------------------------------------------------------- runs never mix, quiet
 BARS = ("Batches", "Loading weights", "rounds:", "it/s")
 

@@ -97,14 +97,17 @@ def client_keys(keys_dir: str | Path, worker_id: str) -> ClientKeys:
     return ClientKeys(public, secret, server_public)
 
 
-def missing_keys(keys_dir: str | Path, workers: Iterable[str]) -> list[Path]:
+def missing_keys(keys_dir: str | Path, workers: Iterable[str], master: bool = True
+                 ) -> list[Path]:
     """The key files of a CURVE cluster that are not under ``keys_dir``: the master's pair,
     and each listed worker's admitted key and pair (a node holds only its own part, so what
-    is missing here may be on another node)."""
+    is missing here may be on another node). ``master=False``: what a worker's node needs,
+    the master's public key and each worker's own pair."""
     keys = Path(keys_dir)
-    wanted = [keys / "master.key", keys / "master.key_secret"]
+    wanted = [keys / "master.key"] + ([keys / "master.key_secret"] if master else [])
     for name in workers:
-        wanted += [keys / "admitted" / f"{name}.key", keys / "workers" / f"{name}.key_secret"]
+        wanted += ([keys / "admitted" / f"{name}.key"] if master else []) + [
+            keys / "workers" / f"{name}.key_secret"]
     return [p for p in wanted if not p.is_file()]
 
 
