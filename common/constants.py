@@ -195,6 +195,11 @@ SECAGG_STAGE_TIMEOUT = 60.0
 #: stage was left with fewer than the threshold while enough workers live) before it is given
 #: up with the model as it was.
 SECAGG_MAX_ATTEMPTS = 3
+#: Secure sums in a row the master may refuse to apply (not finite, or moving the model past
+#: the growth limit) before the job ends saying so: inside a sum no member can be left out,
+#: so one member sending such updates would otherwise stall it until its round budget ran
+#: out, with nothing trained and no reason given.
+SECAGG_MAX_REFUSED_SUMS = 5
 #: Sets of threshold-many shares tried to open a secret one of whose shares is forged (the
 #: first ones, in order: a few members' worth of combinations; Lagrange on 32-byte numbers).
 SECAGG_MAX_SUBSETS = 1000

@@ -159,6 +159,7 @@ class Master:
         self._next_scan = 0.0  # when _abandoned next looks at every worker
         self._budget_logged = False
         self._absent: set[str] = set()  # warned of once, until they report again
+        self._refused_sums: list[str] = []  # why the secure sums since the last applied were not
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
@@ -1018,9 +1019,17 @@ class Master:
         return False
 
     def _secure_hopeless(self, sa: SecureRound | None, now: float) -> str | None:
-        """Why the job must end after a failed secure round: fewer live workers than its
-        threshold, so that no later round could succeed either. None otherwise."""
-        if sa is None or sa.stage != SECURE_FAILED:
+        """Why the job must end after a secure round: it failed with fewer live workers than
+        its threshold, so that no later round could succeed either; or the last
+        SECAGG_MAX_REFUSED_SUMS sums could not be applied. None otherwise."""
+        if sa is None:
+            return None
+        if len(self._refused_sums) >= C.SECAGG_MAX_REFUSED_SUMS:
+            return (f"the last {len(self._refused_sums)} secure sums could not be applied (the "
+                    f"last: {self._refused_sums[-1]}): a member's update cannot be left out of "
+                    f"a sum; the job cannot go on (run without secure aggregation to find whose "
+                    f"updates are refused)")
+        if sa.stage != SECURE_FAILED:
             return None
         live = sorted(w for w in self.workers if w not in self.excluded
                       and self.roster.alive(w, now))
@@ -1061,7 +1070,9 @@ class Master:
             back()
             log.warning("round %d: the secure sum cannot be applied: %s; the model stays as "
                         "it was", rnd.number, problem)
+            self._refused_sums.append(problem)
             return False
+        self._refused_sums.clear()
         self.metrics.write("secagg", round=rnd.number, survivors=survivors,
                            dropped=sorted(set(sa.u2) - set(survivors)),
                            threshold=sa.threshold, error_bound=sa.error_bound(),

@@ -536,6 +536,55 @@ def test_one_of_two_members_whose_batch_moments_are_far_off_is_found(
             assert np.all(np.isfinite(model[name])) and model[name].max() < 100, name
 
 
+def test_secure_sums_refused_round_after_round_end_the_job_saying_why(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """The same w1 (batch means x 1e6) under secure aggregation: inside the sum no member can
+    be left out, so each step's first phase is refused. It was repeated until the round budget
+    (twice the rounds) ran out, and the job ended 'finished' with 0 steps and no reason. Now it
+    fails after SECAGG_MAX_REFUSED_SUMS refused sums in a row, saying why."""
+    from common import constants as C
+    from common.models.ntm_sync_bn import N_PHASES
+    from worker.client import Worker
+    from worker.families.base import FitResult
+    from worker.families.ntm import ProdLDAClient
+
+    fit = ProdLDAClient.fit
+
+    def lying_fit(self, round_, meta, arrays):  # only w1 runs in this process
+        honest = fit(self, round_, meta, arrays)
+        if int(meta.get("phase", 0)) != 0 or "mean" not in honest.arrays:
+            return honest
+        return FitResult({**honest.arrays, "mean": honest.arrays["mean"] * 1e6},
+                         honest.n_samples, honest.metrics)
+
+    monkeypatch.setattr(ProdLDAClient, "fit", lying_fit)
+    config = _config(make_config, tmp_path, workers=2, rounds=N_PHASES * 5, min_workers=2,
+                     model={"family": "prodlda", "vocab_size": 500},
+                     privacy={"secure_aggregation": {"threshold": 2}})
+    procs.master(config)
+    hostile, errors = Worker(load_config(config), "w1"), []
+    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
+    thread.start()
+    procs.worker(config, "w2")
+    codes = procs.wait_all(timeout=240)
+    thread.join(timeout=30)
+    assert codes == {"master": 1, "w2": 3}, procs.logs_tail()
+    failed = procs.log("master").strip().splitlines()[-1]
+    assert failed.startswith(f"Error: the last {C.SECAGG_MAX_REFUSED_SUMS} secure sums could "
+                             f"not be applied"), failed
+    assert "a member's update cannot be left out of a sum" in failed
+    assert procs.log("master").count("the secure sum cannot be applied") == (
+        C.SECAGG_MAX_REFUSED_SUMS)
+
+
+def _catch(run: Any, errors: list[BaseException]) -> None:
+    try:
+        run()
+    except BaseException as exc:  # the job's failure reaches w1 too
+        errors.append(exc)
+
+
 def _small_sync_prodlda_master() -> Any:
     """The master's half of a synchronized-batch-norm prodlda job of two workers, set up in
     this process (30 words each, 50 agreed, 3 topics)."""
