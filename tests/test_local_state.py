@@ -155,3 +155,43 @@ def test_state_files_keep_shapes_and_byte_order_and_leak_nothing(tmp_path: Path)
     assert (tmp_path / "x.bin").read_bytes() == b"new"
     assert len(os.listdir("/proc/self/fd")) == fds
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "s.safetensors", "x.bin"]
+
+
+def test_an_optimizer_copy_puts_adams_state_back_in_place() -> None:
+    """The master's savepoint of a synchronized step (common/models/optim_copy.py): Adam's
+    moments after two steps come back exactly, in the same tensors; a copy taken before the
+    first step takes away the state that step created; the buffers are reused, not remade."""
+    import torch
+
+    from common.models.optim_copy import OptimizerCopy
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 3))
+    opt = torch.optim.Adam([w], lr=0.1)
+    kept = OptimizerCopy()
+
+    def step() -> None:
+        opt.zero_grad()
+        (w ** 2).sum().backward()
+        opt.step()
+
+    back = kept.take(opt)  # before the first step: no state yet
+    step()
+    assert opt.state[w]
+    back()
+    assert not opt.state
+
+    step()
+    step()
+    want = {k: v.clone() for k, v in opt.state[w].items()}
+    tensors = {k: v for k, v in opt.state[w].items()}
+    back = kept.take(opt)
+    buffers = {k: id(v) for k, v in kept._kept[w].items()}
+    step()
+    assert not torch.equal(opt.state[w]["exp_avg"], want["exp_avg"])
+    back()
+    for k, v in want.items():
+        assert torch.equal(opt.state[w][k], v), k
+        assert opt.state[w][k] is tensors[k], k  # put back into the tensors Adam holds
+    kept.take(opt)
+    assert {k: id(v) for k, v in kept._kept[w].items()} == buffers  # written over, not remade

@@ -22,7 +22,6 @@ configured strategy.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,6 +37,7 @@ from common.models.ntm import (
     relative_change,
 )
 from common.models.ntm_sync_bn import ABSTAIN, N_PHASES, SyncBNReducer
+from common.models.optim_copy import OptimizerCopy
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, check_arrays
@@ -90,6 +90,7 @@ class ProdLDAServer(VocabularyServer):
                         "the run stops after %d step(s)", self.name, cfg.rounds, per_step,
                         cfg.rounds // per_step)
         self.model_: NeuralTopicModel | None = None
+        self._adam_copy = OptimizerCopy()  # the savepoint's, reused step after step
         self.changes_: list[float] = []
         self.steps_ = 0  # steps completed (one a round unless the batch norm is synchronized)
         self.phase_ = 0  # of the step under way, with sync_batch_norm
@@ -229,8 +230,7 @@ class ProdLDAServer(VocabularyServer):
         if self.model_ is not None and self.params.mode == "sync" and (
                 reducer is None or self.phase_ == N_PHASES - 1):
             # This round steps Adam: the weights, running statistics and moments it moves.
-            model = (self.model_.get_arrays(),
-                     copy.deepcopy(self.model_.optimizer_.state_dict()))
+            model = (self.model_.get_arrays(), self._adam_copy.take(self.model_.optimizer_))
 
         def restore() -> None:
             back()
@@ -242,7 +242,7 @@ class ProdLDAServer(VocabularyServer):
                 reducer.enc_, reducer.dec_ = stats
             if model is not None and self.model_ is not None:
                 self.model_.set_arrays(model[0])
-                self.model_.optimizer_.load_state_dict(model[1])
+                model[1]()
 
         return restore
 
