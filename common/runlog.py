@@ -1,5 +1,5 @@
 """The run's metrics log: one JSON event per line, written by the master, read by the launcher,
-the benchmarks and the tests."""
+the benchmarks and the tests; and the pace of the per-round lines of the text log."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from common import constants as C
 
 log = logging.getLogger("fedctl.runlog")
 
@@ -137,3 +140,25 @@ class MetricsTail:
             except json.JSONDecodeError:  # not an event (the writer crashed mid-line)
                 continue
         return events
+
+
+class RoundLines:
+    """The level of a round's line in the text log: INFO for the first ``burst`` rounds, then
+    for one every ``interval`` seconds and wherever the caller says it matters (the last
+    round, a missing worker); DEBUG otherwise. metrics.jsonl keeps every round."""
+
+    def __init__(self, burst: int = C.ROUND_LINES_BURST,
+                 interval: float = C.ROUND_LINE_INTERVAL_S) -> None:
+        self.burst = burst
+        self.interval = interval
+        self._shown = 0
+        self._last = -float("inf")
+
+    def level(self, matters: bool = False) -> int:
+        """``logging.INFO`` or ``logging.DEBUG`` for the next round's line."""
+        now = time.monotonic()
+        if matters or self._shown < self.burst or now - self._last >= self.interval:
+            self._shown += 1
+            self._last = now
+            return logging.INFO
+        return logging.DEBUG

@@ -38,7 +38,7 @@ from common.net.transport import (
     send_error,
 )
 from common.net.wire import Message, ProtocolError
-from common.runlog import MetricsLog, read_metrics
+from common.runlog import MetricsLog, RoundLines, read_metrics
 from common.secagg.protocol import round_context
 from common.secagg.ring import ring_bits
 from common.tracking import make_sinks
@@ -159,6 +159,7 @@ class Master:
         self._next_scan = 0.0  # when _abandoned next looks at every worker
         self._budget_logged = False
         self._absent: set[str] = set()  # warned of once, until they report again
+        self._round_lines = RoundLines()  # a line a round, paced (millisecond rounds)
         self._refused_sums: list[str] = []  # why the secure sums since the last applied were not
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
@@ -1206,11 +1207,12 @@ class Master:
             sizes = {w: (self.workers[w].n_samples, *self._batching()) for w in rnd.metrics
                      if w in self.workers}
         r.update(self.privacy.record(rnd.metrics, self.version, sizes))
-        log.info("round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
-                 "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
-                 r["slowest_train_s"], 1000 * r["overhead_s"],
-                 f", global macro-F1 at round start {r['mean_macro_f1']:.3f}"
-                 if r["mean_macro_f1"] is not None else "")
+        level = self._round_lines.level(matters=bool(missing) or rnd.number >= self.cfg.rounds)
+        log.log(level, "round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
+                "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
+                r["slowest_train_s"], 1000 * r["overhead_s"],
+                f", global macro-F1 at round start {r['mean_macro_f1']:.3f}"
+                if r["mean_macro_f1"] is not None else "")
         return events
 
     def _finish(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from common.runlog import MetricsLog, MetricsTail, read_metrics
 
 
@@ -40,3 +42,25 @@ def test_tail_skips_a_garbled_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"event": "round", "round": 1}\nnot json\n{"event": "end"}\n')
     assert [e["event"] for e in MetricsTail(path).new_events()] == ["round", "end"]
+
+
+def test_round_lines_are_paced_after_a_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Millisecond rounds (a synchronized step's) wrote a line each to every process's log,
+    180 a second; now the first rounds each, then one every interval, and always what
+    matters."""
+    import logging
+
+    from common import runlog
+    from common.runlog import RoundLines
+
+    clock = [0.0]
+    monkeypatch.setattr(runlog.time, "monotonic", lambda: clock[0])
+    lines = RoundLines(burst=3, interval=0.2)
+    levels = []
+    for _ in range(10):  # 10 rounds of 5 ms
+        levels.append(lines.level())
+        clock[0] += 0.005
+    assert levels[:3] == [logging.INFO] * 3 and set(levels[3:]) == {logging.DEBUG}
+    assert lines.level(matters=True) == logging.INFO  # the last round, a missing worker
+    clock[0] += 0.2
+    assert lines.level() == logging.INFO and lines.level() == logging.DEBUG

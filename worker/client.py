@@ -45,6 +45,7 @@ from common.net.transport import (
 )
 from common.net.wire import Message, ProtocolError
 from common.privacy.dp import clip_update
+from common.runlog import RoundLines
 from common.secagg.crypto import ShareDecryptionError
 from worker import devices
 from worker.families import ClientFamily, make_client_family
@@ -161,6 +162,7 @@ class Worker:
         self._sub_setup = None
         self._subscribed_at = 0.0
         self._clip_warned = False
+        self._round_lines = RoundLines()  # a line a round, paced (millisecond rounds)
 
     def _new_job(self) -> None:
         """What this worker holds of one job, as it is before the job's first round."""
@@ -524,9 +526,11 @@ class Worker:
             said = [f"{label} {metrics[key]:.4f}" for key, label in (
                 ("train_loss", "loss"), ("macro_f1", "global model before training macro-F1"))
                 if key in metrics]
-            log.info("round %d: %s%.3fs training%s", rnd, "".join(x + ", " for x in said),
-                     metrics.get("train_time", 0.0),
-                     " (resend)" if reply.body.get("duplicate") else "")
+            last = rnd >= self.cfg.rounds
+            log.log(self._round_lines.level(matters=last or bool(reply.body.get("duplicate"))),
+                    "round %d: %s%.3fs training%s", rnd, "".join(x + ", " for x in said),
+                    metrics.get("train_time", 0.0),
+                    " (resend)" if reply.body.get("duplicate") else "")
         except RemoteError as exc:
             if exc.code == errors.NOT_READY:
                 # A resumed master that has not reopened this round yet: redo it when it does.
