@@ -454,6 +454,16 @@ def test_finetuned_encoder_trains_and_travels(subset: tuple) -> None:
         assert any(k.startswith("encoder.") for k in arrays) and "head.weight" in arrays
         again = FSTCClusterer(3, encoder="finetune").set_arrays(arrays)
         assert (again.predict(texts) == model.predict(texts)).all()
+    # The master holds the final round's encoder to exactly these arrays (test_trust).
+    from common.config import parse_config
+    from master.families.fstc import FSTCServer
+    from master.strategies import make_strategy
+
+    server = FSTCServer(parse_config({"workers": ["w1"], "model": {
+        "family": "fstc", "n_clusters": 3, "encoder": "finetune"}}, "<test>"),
+        make_strategy("fedavg"))
+    assert server._encoder_form() == {n: a.shape for n, a in arrays.items()
+                                      if n.startswith("encoder.")}
 
 
 # --------------------------------------------------------------------------------------------

@@ -784,8 +784,8 @@ def test_fstc_counts_weigh_no_more_than_their_capped_samples() -> None:
 def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() -> None:
     """Bytes in a registration's centres (numpy reads b"1" as 1.0) are refused: they would
     stop every later checkpoint, which writes registrations as JSON. A head sent before the
-    final round would be published as the global head. In the final round, one member's odd
-    encoder arrays leave that member out of the model's average rather than fail the round."""
+    final round would be published as the global head. In the final round, a member's encoder
+    arrays must be the encoder's own, names and shapes."""
     from common.config import parse_config
     from common.net.wire import ProtocolError
     from master.families.fstc import FSTCServer
@@ -817,14 +817,20 @@ def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() 
     assert final.meta["final"]
     with pytest.raises(ProtocolError, match="final round"):
         server.check_update(up)  # the model must come now
+    # The encoder's own arrays, exactly (here a stand-in form: test_fstc checks the real
+    # one against a fine-tuned clusterer's): a member's odd arrays are refused at receipt, so
+    # no count of forms decides the average (with two members a tie went to the lower id).
+    server._encoder_shapes = {"encoder.layer.weight": (2, 2)}
     encoder = {"encoder.layer.weight": np.ones((2, 2), np.float32)}
-    odd = {"encoder.other.weight": np.full((3, 3), 1e-3, np.float32)}
-    results = [ClientResult("w1", {**up, **head, **odd}, 15)] + [
-        ClientResult(w, {**up, **head, **encoder}, 15) for w in ("w2", "w3")]
+    for odd in ({"encoder.other.weight": np.full((3, 3), 1e-3, np.float32)},
+                {"encoder.layer.weight": np.ones((2, 3), np.float32)},
+                {**encoder, "encoder.extra": np.ones(1, np.float32)}, {}):
+        with pytest.raises(ProtocolError, match="the encoder's arrays are not the model's"):
+            server.check_update({**up, **head, **odd})
+    results = [ClientResult(w, {**up, **head, **encoder}, 15) for w in ("w2", "w3")]
     for r in results:
         server.check_update(r.arrays)
     model = server.aggregate(2, results).arrays
-    assert "encoder.other.weight" not in model
     np.testing.assert_array_equal(model["encoder.layer.weight"], encoder["encoder.layer.weight"])
 
 

@@ -94,6 +94,7 @@ class FSTCServer(ServerFamily):
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
         self.params = build_params(FSTCParams, cfg.family_params, f"{cfg.source}: model")
+        self._encoder_shapes: dict[str, tuple[int, ...]] | None = None  # _encoder_form's
         if self.params.init == "pooled" and not simulated(cfg):
             raise ConfigError(f"{cfg.source}: model.init: 'pooled' clusters every worker's "
                               "representations on the master, which only a simulated cluster "
@@ -212,6 +213,27 @@ class FSTCServer(ServerFamily):
         if final != ("head.weight" in arrays) or (not final and len(arrays) > 2):
             raise ProtocolError("the model's arrays (head.*, encoder.*) come with the final "
                                 "round's update, and only then", code=errors.SHAPE)
+        if final and self.params.encoder == "finetune":
+            # Exactly the encoder's own arrays: the average kept the form most members sent,
+            # and with two a tie went to the lower id (a hostile w1's made-up form won).
+            form = self._encoder_form()
+            sent = {n: a.shape for n, a in arrays.items() if n.startswith("encoder.")}
+            if sent != form:
+                odd = sorted(set(sent) ^ set(form)) or sorted(
+                    n for n in sent if sent[n] != form[n])
+                raise ProtocolError(f"the encoder's arrays are not the model's ({len(odd)} "
+                                    f"differ, e.g. {odd[0]!r})", code=errors.SHAPE)
+
+    def _encoder_form(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of the fine-tuned encoder's arrays (``encoder.*``, as a worker's
+        FSTCClusterer.get_arrays names them), from the bundled model every worker starts
+        from; read once."""
+        if self._encoder_shapes is None:
+            encoder = FSTCClusterer(2, encoder="finetune")._load_encoder()
+            self._encoder_shapes = {f"encoder.{k}": tuple(v.shape)
+                                    for k, v in encoder.state_dict().items()
+                                    if v.dtype.is_floating_point}
+        return self._encoder_shapes
 
     def declared_documents(self, info: Mapping[str, Any]) -> tuple[str, float] | None:
         return "counts", sum(info["counts"])  # the k-FED start weighs centres by them
