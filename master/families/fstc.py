@@ -15,7 +15,6 @@ What travels:
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -272,19 +271,8 @@ class FSTCServer(ServerFamily):
         arrays: dict[str, np.ndarray] = {CENTERS: centers}
         with_model = [r for r in results if "head.weight" in r.arrays]
         if with_model:
-            # The models whose arrays (names and shapes) most updates share: one member's odd
-            # arrays leave it out of the average rather than fail the round for everyone.
-            def form(r: ClientResult) -> tuple:
-                return tuple(sorted((n, a.shape) for n, a in r.arrays.items()
-                                    if n not in (CENTERS, COUNTS)))
-
-            shared = Counter(form(r) for r in with_model).most_common(1)[0][0]
-            odd = sorted(r.worker_id for r in with_model if form(r) != shared)
-            if odd:
-                log.warning("round %d: %s's model differs in its arrays from the others': left "
-                            "out of the model's average", round_, ", ".join(odd))
-            with_model = [r for r in with_model if form(r) == shared]
-            names = {n for n, _ in shared}
+            # One form: check_update held each to the head's shapes and the encoder's arrays.
+            names = set(with_model[0].arrays) - {CENTERS, COUNTS}
             arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
                                            [r.n_samples for r in with_model]))
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
