@@ -166,13 +166,14 @@ def test_an_optimizer_copy_puts_adams_state_back_in_place() -> None:
     from common.models.optim_copy import OptimizerCopy
 
     torch.manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(5, 3))
-    opt = torch.optim.Adam([w], lr=0.1)
+    # Several parameters of different shapes (with one, `p in [tensors]` never compared two).
+    w, b, v = (torch.nn.Parameter(torch.randn(*s)) for s in ((5, 3), (3,), (2, 5)))
+    opt = torch.optim.Adam([w, b, v], lr=0.1)
     kept = OptimizerCopy()
 
     def step() -> None:
         opt.zero_grad()
-        (w ** 2).sum().backward()
+        ((w ** 2).sum() + b.sum() + (v ** 3).sum()).backward()
         opt.step()
 
     back = kept.take(opt)  # before the first step: no state yet
@@ -183,15 +184,18 @@ def test_an_optimizer_copy_puts_adams_state_back_in_place() -> None:
 
     step()
     step()
-    want = {k: v.clone() for k, v in opt.state[w].items()}
-    tensors = {k: v for k, v in opt.state[w].items()}
+    want = {id(p): {k: t.clone() for k, t in opt.state[p].items()} for p in (w, b, v)}
+    tensors = {id(p): dict(opt.state[p]) for p in (w, b, v)}
     back = kept.take(opt)
-    buffers = {k: id(v) for k, v in kept._kept[w].items()}
+    buffers = {k: id(t) for k, t in kept._kept[id(w)].items()}
     step()
-    assert not torch.equal(opt.state[w]["exp_avg"], want["exp_avg"])
+    assert not torch.equal(opt.state[w]["exp_avg"], want[id(w)]["exp_avg"])
+    opt.state[b]["made_by_the_step"] = torch.zeros(1)
     back()
-    for k, v in want.items():
-        assert torch.equal(opt.state[w][k], v), k
-        assert opt.state[w][k] is tensors[k], k  # put back into the tensors Adam holds
+    for p in (w, b, v):
+        assert set(opt.state[p]) == set(want[id(p)])
+        for k, t in want[id(p)].items():
+            assert torch.equal(opt.state[p][k], t), k
+            assert opt.state[p][k] is tensors[id(p)][k], k  # back into the tensors Adam holds
     kept.take(opt)
-    assert {k: id(v) for k, v in kept._kept[w].items()} == buffers  # written over, not remade
+    assert {k: id(t) for k, t in kept._kept[id(w)].items()} == buffers  # written over

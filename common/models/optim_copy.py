@@ -21,33 +21,42 @@ __all__ = ["OptimizerCopy"]
 # hand-written: torch has no in-place save and restore of an optimizer's state
 class OptimizerCopy:
     """Buffers holding an optimizer's per-parameter state, reused from one :meth:`take` to the
-    next. One copy at a time: a :meth:`take` overwrites the last."""
+    next. One copy at a time: a :meth:`take` overwrites the last.
+
+    Parameters are told apart by identity (``id``): tensors compare element-wise, so a list
+    or set of them cannot be searched with ``in``.
+    """
 
     def __init__(self) -> None:
-        self._kept: dict[torch.Tensor, dict[str, Any]] = {}
+        self._kept: dict[int, dict[str, Any]] = {}
 
     def take(self, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
         """Copy ``optimizer``'s state now; returns what puts it back (valid until the next
         :meth:`take`)."""
         state = optimizer.state
-        present = [p for p in state if state[p]]
-        for p in present:
-            kept = self._kept.setdefault(p, {})
-            for key, value in state[p].items():
+        keys: dict[int, tuple[str, ...]] = {}  # what each parameter's state held then
+        for p, entry in state.items():
+            if not entry:
+                continue
+            kept = self._kept.setdefault(id(p), {})
+            for key, value in entry.items():
                 buf = kept.get(key)
                 if (torch.is_tensor(value) and torch.is_tensor(buf)
                         and buf.shape == value.shape and buf.dtype == value.dtype):
                     buf.copy_(value)
                 else:
                     kept[key] = value.detach().clone() if torch.is_tensor(value) else value
+            keys[id(p)] = tuple(entry)
 
         def restore() -> None:
-            for p in [p for p in state if p not in present]:
+            for p in [p for p in state if id(p) not in keys]:
                 del state[p]  # state its step created (an optimizer's first step)
-            for p in present:
-                live = state[p]
-                for key, buf in self._kept[p].items():
-                    now = live.get(key)
+            for p, live in state.items():
+                held = keys[id(p)]
+                for key in [k for k in live if k not in held]:
+                    del live[key]  # a key the step added
+                for key in held:
+                    buf, now = self._kept[id(p)][key], live.get(key)
                     if (torch.is_tensor(buf) and torch.is_tensor(now)
                             and now.shape == buf.shape and now.dtype == buf.dtype):
                         now.copy_(buf)
