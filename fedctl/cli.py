@@ -144,7 +144,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
             # a folder of its own beside it, --resume finds the newest unfinished one. A run of a
             # history continued by its own folder (the command a stopped master prints) finishes
             # under that history's link too.
-            link = history_link(cfg.output_dir)
+            link = history_link(cfg.output_dir, resume)
             if Path(cfg.output_dir).name == HISTORY_LINK:
                 cfg.output_dir = str(resume_folder(link) if resume else output_folder(cfg))
                 new_folder = None if resume else Path(cfg.output_dir)
@@ -181,13 +181,22 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
 
 
 def _drop_if_nothing_trained(folder: Path) -> None:
-    """Remove a history's new run folder whose master stopped before it kept anything (no
-    checkpoint: keys missing, a port taken): `fedctl runs` listed such a start as a run."""
+    """Remove a history's new run folder whose master stopped before its first round (keys
+    missing, a port taken, no workers came): `fedctl runs` listed such a start as a run. One
+    that trained a round is kept, checkpoint or not: its log says what happened."""
+    from common.runlog import read_metrics
     from fedctl.run import is_run_folder
 
-    if (folder.is_dir() and not (folder / "checkpoint.npz").exists()
-            and not (folder / "summary.json").exists()
-            and (is_run_folder(folder) or not any(folder.iterdir()))):
+    if not folder.is_dir() or not (is_run_folder(folder) or not any(folder.iterdir())):
+        return
+    if any((folder / name).exists() for name in ("checkpoint.npz", "summary.json")):
+        return
+    metrics = folder / "metrics.jsonl"
+    try:
+        events = read_metrics(metrics) if metrics.is_file() else []
+    except (OSError, ValueError):
+        return  # unreadable: not ours to judge
+    if all(e.get("event") in ("start", "register") for e in events):
         shutil.rmtree(folder, ignore_errors=True)
 
 

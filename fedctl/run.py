@@ -118,16 +118,21 @@ def resume_folder(link: Path) -> Path:
     return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
 
 
-def history_link(output_dir: str | Path) -> Path | None:
+def history_link(output_dir: str | Path, resume: bool = False) -> Path | None:
     """The history link a run in ``output_dir`` finishes under: ``output_dir`` itself when it
-    is named ``latest``, else a ``latest`` link beside it (a run of that history continued
-    with ``--config <run>/cluster.yaml --resume``, the command a stopped master prints); None
-    when there is no history."""
+    is named ``latest``; with ``resume``, a ``latest`` link beside it that points at a run
+    folder there (a run of that history continued with ``--config <run>/cluster.yaml
+    --resume``, the command a stopped master prints); else None. A new run in a folder of its
+    own (``fedctl run --output``, whose master writes into a ``.partial`` folder) moves no
+    link, nor does anything beside a ``latest`` that is not a history's."""
     out = Path(os.path.abspath(output_dir))
     if out.name == HISTORY_LINK:
         return out
     beside = out.parent / HISTORY_LINK
-    return beside if beside.is_symlink() else None
+    if not resume or not beside.is_symlink() or not is_run_folder(out):
+        return None
+    target = beside.resolve()
+    return beside if target.parent == out.parent.resolve() and is_run_folder(target) else None
 
 
 def point_history_link(link: Path, final: Path) -> None:

@@ -694,9 +694,8 @@ class Master:
                 self._fail(f"{len(heard)} worker(s) heard from ({', '.join(heard) or 'none'}) "
                            f"in the last heartbeat_timeout + join_timeout "
                            f"({self.cfg.heartbeat_timeout + self.cfg.join_timeout:g}s), "
-                           f"min_workers is {self.cfg.min_workers}: the job cannot go on; the "
-                           f"checkpoint is kept: start the workers and `fedctl master --resume`"
-                           f"{self._refused_keys()}")
+                           f"min_workers is {self.cfg.min_workers}: the job cannot go on; "
+                           f"{self._resume_hint()}{self._refused_keys()}")
             else:
                 self._maybe_close_round(now)
         elif self.phase == REPORTING:
@@ -710,6 +709,12 @@ class Master:
                                 "" if live else f" (no heartbeat for "
                                 f"{self.cfg.heartbeat_timeout:g}s)")
                 self._finish()
+
+    def _resume_hint(self) -> str:
+        """How a job that cannot go on is continued, where it can be."""
+        if not self.cfg.checkpoint_every:
+            return "checkpoint_every is 0, so there is no checkpoint to resume from"
+        return "the checkpoint is kept: start the workers and `fedctl master --resume`"
 
     def _refused_keys(self) -> str:
         """A note on the connections CURVE refused, for lines that say no one came."""
@@ -1038,7 +1043,7 @@ class Master:
             return None
         return (f"secure aggregation needs {sa.threshold} workers a round (its threshold) and "
                 f"{len(live)} are alive ({', '.join(live) or 'none'}): the job cannot go on; "
-                f"the checkpoint is kept: start the workers and `fedctl master --resume`")
+                f"{self._resume_hint()}")
 
     def _aggregate_secure(self, rnd: RoundState) -> bool:
         """Fold the round's secure sum in: the strategy gets one result, the weighted average

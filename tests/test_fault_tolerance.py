@@ -177,6 +177,7 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     # The command it printed, in a history (a `latest` link beside the run, at an older one):
     # the link follows the run once it ends (it stayed at the older run).
     (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "metrics.jsonl").write_text('{"event": "start", "time": 1.0}\n')
     (tmp_path / "latest").symlink_to("older")
     procs.master(out / "cluster.yaml", "--resume", name="master2")
     for w in ("w1", "w2"):

@@ -143,3 +143,46 @@ def test_a_failed_run_resumed_to_its_end_is_listed_finished(tmp_path: Path) -> N
     states = {e["path"].name: e["state"] for e in list_runs(runs)}
     assert states == {"out.failed": "finished", "other.failed": "failed"}
     assert resumed.is_dir()
+
+
+def test_only_a_resumed_run_of_a_history_moves_its_latest_link(tmp_path: Path) -> None:
+    """`fedctl master --config <run>/cluster.yaml --resume` finishes under the history's
+    link; a new run in a folder of its own (`fedctl run --output`, whose master writes into
+    a .partial folder) and a folder beside some other `latest` link move nothing."""
+    from fedctl.run import history_link
+
+    runs = tmp_path / "runs"
+    older = _run_dir(runs, "20260101T000000Z-aaaaaa", finished=True)
+    run = _run_dir(runs, "20260102T000000Z-bbbbbb", finished=False)
+    assert history_link(runs / "latest") == runs / "latest"
+    assert history_link(run, resume=True) is None  # no link yet: no history here
+    point_history_link(runs / "latest", older)
+    assert history_link(run, resume=True) == runs / "latest"
+    assert history_link(run) is None  # a new run of its own
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "latest").symlink_to(tmp_path)  # a user's link to anything
+    mine = _run_dir(tmp_path / "home", "myrun", finished=False)
+    assert history_link(mine, resume=True) is None
+
+
+def test_a_failed_start_is_removed_and_a_run_that_trained_is_kept(tmp_path: Path) -> None:
+    """A new history folder whose master stopped before its first round is taken away (it
+    was listed as a run); one that trained a round stays, checkpoint or not (its log says
+    why it failed), and so does a folder holding anything of the user's."""
+    from fedctl.cli import _drop_if_nothing_trained
+
+    runs = tmp_path / "runs"
+    started = runs / "started"
+    started.mkdir(parents=True)
+    (started / "metrics.jsonl").write_text(json.dumps({"event": "start", "time": 1}) + "\n")
+    (started / C.MASTER_LOCK).write_text("")
+    trained = runs / "trained"
+    trained.mkdir()
+    (trained / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (
+        {"event": "start"}, {"event": "round", "round": 1}, {"event": "failed"})))
+    users = runs / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    for folder in (started, trained, users):
+        _drop_if_nothing_trained(folder)
+    assert not started.exists() and trained.is_dir() and users.is_dir()
