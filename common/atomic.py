@@ -13,11 +13,14 @@ import fcntl
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+from common import constants as C
 
 log = logging.getLogger("fedctl")
 
@@ -139,7 +142,15 @@ def hold_lock(path: Path) -> int:
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for attempt in range(C.LOCK_ATTEMPTS):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # :func:`is_locked` (`fedctl runs`) holds it for a moment: not a writer.
+                if attempt == C.LOCK_ATTEMPTS - 1:
+                    raise
+                time.sleep(C.LOCK_RETRY_S)
     except BlockingIOError:
         os.close(fd)
         raise

@@ -11,6 +11,8 @@ works the same from wherever `fedctl` is started.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -433,9 +435,22 @@ def share_terms(cfg: ClusterConfig) -> dict[str, Any]:
     master's baselines and the other workers count on (a `--set data.limit=...` on one node).
     Sent under ``data`` beside :func:`job_terms`' by such a worker alone."""
     d = cfg.data
-    return {"file": Path(d.path).name, "partition": d.partition, "alpha": d.alpha,
-            "proportions": d.proportions, "test_fraction": d.test_fraction, "limit": d.limit,
-            "workers": [w.name for w in cfg.workers]}
+    terms: dict[str, Any] = {"file": Path(d.path).name, "partition": d.partition,
+                             "test_fraction": d.test_fraction, "limit": d.limit}
+    if d.partition.startswith("dirichlet"):  # what else the scheme reads, and only that
+        terms["alpha"] = d.alpha
+    if d.partition == "proportions":
+        terms["proportions"] = digest(d.proportions)
+    # The worker list decides whose share is whose: one term, whatever its length (a list of
+    # a thousand names would pass the registration's bound on terms).
+    terms["workers"] = digest([w.name for w in cfg.workers])
+    return terms
+
+
+def digest(value: Any) -> str:
+    """A short fingerprint of a JSON-able value, for comparing long lists as one term."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def data_terms(cfg: ClusterConfig) -> dict[str, Any]:

@@ -46,6 +46,10 @@ MEMORY_SETTLE_S = 2.0
 #: a second master, or a `fedctl run` clearing what it takes for an earlier attempt's files, is
 #: refused while one of a killed `fedctl run` still writes.
 MASTER_LOCK = "master.lock"
+#: Tries of common.atomic.hold_lock, LOCK_RETRY_S apart, before a lock held elsewhere refuses
+#: it: `fedctl runs` holds a master's lock for a moment to see whether it is held.
+LOCK_ATTEMPTS = 5
+LOCK_RETRY_S = 0.02
 #: The final reports a master has received, a line each as they come (a resumed master reads them).
 REPORTS_FILE = "reports.jsonl"
 #: The note `fedctl run` leaves in a failed run's folder (`<output>.failed`): why it failed.
@@ -152,6 +156,10 @@ HANDSHAKE_FAILURES_TO_GIVE_UP = 3
 #: Final reports of one worker the master keeps (a restarted worker reports again; a resent
 #: one is the same report and not counted); more are acknowledged and not kept.
 MAX_REPORTS_PER_WORKER = 3
+
+#: Most rounds a worker takes from the master's welcome (its local-only baseline trains for
+#: as many epochs); past it the worker keeps its own config's count and says so.
+MAX_ROUNDS = 10_000_000
 
 #: Most samples a worker may declare (weights beyond it are not believable).
 MAX_SAMPLES = 1_000_000_000

@@ -418,7 +418,9 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         if family:
             from master.preflight import preflight
 
-            found = preflight(cfg, ports=ports, worker=worker_id, data=data)
+            # A worker's node binds nothing: the master's ports are the master node's concern.
+            found = preflight(cfg, ports=ports and worker_id is None, worker=worker_id,
+                              data=data)
     except (ConfigError, ValueError, TypeError, OSError) as exc:
         text = one_line(exc)
         raise click.ClickException(text.replace(config, display_name) if display_name
@@ -489,10 +491,11 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         if missing:
             shown = ", ".join(str(p) for p in missing[:3]) + (
                 f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            keys = (f" Note: CURVE key files not on this host: {shown}; `fedctl run` makes "
-                    f"them, `fedctl master` and `fedctl worker` need them (`fedctl keygen "
-                    f"--config {summary['config']}`, then each node its part: README, "
-                    f"Security).")
+            node = f"`fedctl worker --id {worker_id}` needs" if worker_id else (
+                "`fedctl run` makes them, `fedctl master` needs")
+            keys = (f" Note: CURVE key files not on this host: {shown}; {node} them "
+                    f"(`fedctl keygen --config {summary['config']}`, then each node its part: "
+                    f"README, Security).")
     if as_json:
         click.echo(json.dumps(summary))
         return

@@ -15,6 +15,7 @@ import os
 import secrets
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,7 @@ class Master:
         self._budget_logged = False
         self._absent: set[str] = set()  # warned of once, until they report again
         self._round_lines = RoundLines()  # a line a round, paced (millisecond rounds)
+        self._missing_said: set[str] = set()  # the missing workers the last round line had
         self._refused_sums: list[str] = []  # why the secure sums since the last applied were not
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
@@ -961,7 +963,7 @@ class Master:
                                        f"times with no step completed (ABSTAIN_LIMIT)")
         if aggregated:  # else nothing usable came: the next round starts from the same model
             self.version += 1
-        events = self._log_round(rnd, aggregate_time, missing)
+        events = self._round_events(rnd, aggregate_time, missing)
         self.open = None
         secure, self.secure = self.secure, None
         # The round's events reach metrics.jsonl once a checkpoint covering it is on disk, so
@@ -969,6 +971,7 @@ class Master:
         every = self.cfg.checkpoint_every
         last = (self.family.budget_spent(rnd.number) or self.family.finished()
                 or self.privacy.must_stop(self.version))
+        self._say_round(rnd, events[-1], missing, last)
         # Within the time budget: a 100 MB model written every round would slow every round
         # by the write's disk and memory traffic (at 25 M parameters: +200 ms a round).
         due = every and (last or (rnd.number % every == 0 and self._checkpoints.ready()))
@@ -1198,9 +1201,10 @@ class Master:
         log.info("resumed job %s after round %d (model version %d)", self.run_id, done,
                  self.version)
 
-    def _log_round(self, rnd: RoundState, aggregate_time: float, missing: list[str]
-                   ) -> list[dict[str, Any]]:
-        """Log the round and return its metrics events (written with its checkpoint)."""
+    def _round_events(self, rnd: RoundState, aggregate_time: float, missing: list[str]
+                      ) -> list[dict[str, Any]]:
+        """The round's metrics events (written with its checkpoint), its privacy spent
+        recorded."""
         events = round_events(rnd, self.version, aggregate_time, missing)
         r = events[-1]
         # This process's CPU since the last round closed, every thread (ZeroMQ's, the
@@ -1212,13 +1216,20 @@ class Master:
             sizes = {w: (self.workers[w].n_samples, *self._batching()) for w in rnd.metrics
                      if w in self.workers}
         r.update(self.privacy.record(rnd.metrics, self.version, sizes))
-        level = self._round_lines.level(matters=bool(missing) or rnd.number >= self.cfg.rounds)
-        log.log(level, "round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
+        return events
+
+    def _say_round(self, rnd: RoundState, r: Mapping[str, Any], missing: list[str],
+                   last: bool) -> None:
+        """The round's line in the log: paced (RoundLines), but always the last round's and
+        one whose missing workers changed."""
+        changed = set(missing) != self._missing_said
+        self._missing_said = set(missing)
+        log.log(self._round_lines.level(matters=last or changed),
+                "round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
                 "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
                 r["slowest_train_s"], 1000 * r["overhead_s"],
                 f", global macro-F1 at round start {r['mean_macro_f1']:.3f}"
                 if r["mean_macro_f1"] is not None else "")
-        return events
 
     def _finish(self) -> None:
         self._checkpoints.flush()  # every round's events are in the log before the summary

@@ -184,9 +184,12 @@ def test_check_says_which_curve_keys_are_missing_and_a_failed_start_leaves_no_ru
                          security={"mode": "curve", "keys_dir": str(keys)})
     checked = _fedctl("check", "--config", str(config), "--no-family")
     assert checked.returncode == 0, checked.stderr
-    assert (f"Note: CURVE key files not on this host: {keys / 'master.key'}, "
-            f"{keys / 'master.key_secret'}, {keys / 'admitted' / 'w1.key'} and 3 more; "
-            f"`fedctl run` makes them") in checked.stdout, checked.stdout
+    assert (f"Note: CURVE key files not on this host: {keys / 'master.key_secret'}, "
+            f"{keys / 'admitted' / 'w1.key'}, {keys / 'admitted' / 'w2.key'}; `fedctl run` "
+            f"makes them, `fedctl master` needs them") in checked.stdout, checked.stdout
+    checked = _fedctl("check", "--config", str(config), "--no-family", "--id", "w2")
+    assert (f"not on this host: {keys / 'master.key'}, {keys / 'workers' / 'w2.key_secret'}; "
+            f"`fedctl worker --id w2` needs them") in checked.stdout, checked.stdout
     line = _one_line_error(_fedctl("master", "--config", str(config)))
     assert line == f"Error: {keys / 'master.key_secret'}: no such key file (run `fedctl keygen`)"
     assert not any((tmp_path / "runs").iterdir())
@@ -660,6 +663,17 @@ def test_a_worker_whose_config_differs_is_refused_naming_each_difference(
         "data.limit: 300 there, 600 here"]
     share["data"] |= share_terms(ours)
     assert job_differences(ours, make_server_family(ours), share) == []
+    # What the iid split does not read is no difference (alpha); whose share is whose is.
+    iid = load_config(master_cfg, ("strategy.name=fedadam", "privacy.target_epsilon=null",
+                                   "data.partition=iid"))
+    for change, named in ((("data.alpha=9",), []),
+                          (("workers=[w2, w1]",), ["data.workers"])):
+        other = load_config(master_cfg, ("strategy.name=fedadam", "data.partition=iid",
+                                          *change))
+        share = job_terms(other)
+        share["data"] |= share_terms(other)
+        found = job_differences(iid, make_server_family(iid), share)
+        assert [d.split(":")[0] for d in found] == named, found
 
 
 def test_a_worker_trains_the_masters_number_of_rounds(make_config: MakeConfig, tmp_path: Path,

@@ -295,7 +295,11 @@ class Worker:
         self.run_id = run_id
         self.incarnation = reply.body.get("incarnation")
         rounds = reply.body.get("rounds")
-        if (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0
+        if (isinstance(rounds, int) and not isinstance(rounds, bool)
+                and not 0 < rounds <= C.MAX_ROUNDS):
+            log.warning("the master's welcome says %r rounds: not believable, this worker "
+                        "keeps %s's %d", rounds, self.cfg.source, self.cfg.rounds)
+        elif (isinstance(rounds, int) and not isinstance(rounds, bool)
                 and rounds != self.cfg.rounds):
             # The job's length is the master's (--rounds given to it alone); a local-only
             # baseline trained for this config's count compared unlike with like.

@@ -99,15 +99,16 @@ def client_keys(keys_dir: str | Path, worker_id: str) -> ClientKeys:
 
 def missing_keys(keys_dir: str | Path, workers: Iterable[str], master: bool = True
                  ) -> list[Path]:
-    """The key files of a CURVE cluster that are not under ``keys_dir``: the master's pair,
-    and each listed worker's admitted key and pair (a node holds only its own part, so what
-    is missing here may be on another node). ``master=False``: what a worker's node needs,
-    the master's public key and each worker's own pair."""
+    """The key files a node of a CURVE cluster needs that are not under ``keys_dir``: the
+    master's (its secret key and each listed worker's admitted key), or with ``master=False``
+    a worker's (the master's public key and the worker's own pair)."""
     keys = Path(keys_dir)
-    wanted = [keys / "master.key"] + ([keys / "master.key_secret"] if master else [])
-    for name in workers:
-        wanted += ([keys / "admitted" / f"{name}.key"] if master else []) + [
-            keys / "workers" / f"{name}.key_secret"]
+    if master:
+        wanted = [keys / "master.key_secret",
+                  *(keys / "admitted" / f"{name}.key" for name in workers)]
+    else:
+        wanted = [keys / "master.key",
+                  *(keys / "workers" / f"{name}.key_secret" for name in workers)]
     return [p for p in wanted if not p.is_file()]
 
 

@@ -94,6 +94,15 @@ class FSTCServer(ServerFamily):
         super().__init__(cfg, strategy)
         self.params = build_params(FSTCParams, cfg.family_params, f"{cfg.source}: model")
         self._encoder_shapes: dict[str, tuple[int, ...]] | None = None  # _encoder_form's
+        if self.params.encoder == "finetune":
+            # Read now, not at the final round: loading the encoder takes seconds, which the
+            # master's loop must not stop for while workers wait (and heartbeats count).
+            try:
+                self._encoder_form()
+            except Exception as exc:  # sentence-transformers' many errors
+                raise ConfigError(f"{cfg.source}: model.encoder: finetune: the master reads the "
+                                  f"bundled encoder's arrays to check the final updates, and "
+                                  f"could not load it ({type(exc).__name__}: {exc})") from None
         if self.params.init == "pooled" and not simulated(cfg):
             raise ConfigError(f"{cfg.source}: model.init: 'pooled' clusters every worker's "
                               "representations on the master, which only a simulated cluster "
