@@ -440,10 +440,10 @@ def share_terms(cfg: ClusterConfig) -> dict[str, Any]:
     if d.partition.startswith("dirichlet"):  # what else the scheme reads, and only that
         terms["alpha"] = d.alpha
     if d.partition == "proportions":
-        terms["proportions"] = digest(d.proportions)
+        terms["proportions_digest"] = digest(d.proportions)
     # The worker list decides whose share is whose: one term, whatever its length (a list of
     # a thousand names would pass the registration's bound on terms).
-    terms["workers"] = digest([w.name for w in cfg.workers])
+    terms["workers_digest"] = digest([w.name for w in cfg.workers])
     return terms
 
 

@@ -674,6 +674,7 @@ def test_a_worker_whose_config_differs_is_refused_naming_each_difference(
         share["data"] |= share_terms(other)
         found = job_differences(iid, make_server_family(iid), share)
         assert [d.split(":")[0] for d in found] == named, found
+        assert all(d.endswith(": not the same there and here") for d in found), found
 
 
 def test_a_worker_trains_the_masters_number_of_rounds(make_config: MakeConfig, tmp_path: Path,
