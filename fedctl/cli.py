@@ -372,7 +372,13 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
         fail(ConfigError(f"{cfg.source}: workers: no workers to make keys for"))
     written = write_keys(folder, names, overwrite=force)
     click.echo(f"{len(written)} key file(s) written to {folder} "
-               f"(master + {len(names)} worker(s); existing keys kept unless --force)")
+               f"(master + {len(names)} worker(s); existing keys kept unless --force).")
+    click.echo(f"Copy to the master's node: {folder / 'master.key_secret'} and "
+               f"{folder / 'admitted'}/; to each worker's node: {folder / 'master.key'} and "
+               f"its own {folder / 'workers'}/NAME.key_secret"
+               + ("; every worker needs the new master.key" if force and written else "")
+               + f". Then `fedctl check --config {config}` on each node (with --id NAME on a "
+                 f"worker's) names any key it lacks.")
 
 
 @main.command()

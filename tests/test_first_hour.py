@@ -193,7 +193,10 @@ def test_check_says_which_curve_keys_are_missing_and_a_failed_start_leaves_no_ru
     line = _one_line_error(_fedctl("master", "--config", str(config)))
     assert line == f"Error: {keys / 'master.key_secret'}: no such key file (run `fedctl keygen`)"
     assert not any((tmp_path / "runs").iterdir())
-    assert _fedctl("keygen", "--config", str(config)).returncode == 0
+    made = _fedctl("keygen", "--config", str(config))
+    assert made.returncode == 0, made.stderr
+    assert (f"Copy to the master's node: {keys / 'master.key_secret'} and {keys / 'admitted'}/;"
+            f" to each worker's node: {keys / 'master.key'}") in made.stdout, made.stdout
     checked = _fedctl("check", "--config", str(config), "--no-family", "--json")
     assert json.loads(checked.stdout)["keys_missing"] == []
 
