@@ -249,12 +249,13 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
 
 @pytest.mark.parametrize(("args", "mentions"), [
     ((), ("master", "worker", "run", "check", "data", "--help", "--version")),
-    (("master",), ("--config", "--workers", "--rounds", "--output", "--log-level")),
+    (("master",), ("--config", "--workers", "--rounds", "--output", "--threads",
+                   "--log-level")),
     (("worker",), ("--config", "--id", "--data", "--device", "--workers", "--rounds",
                    "--threads", "--log-level")),
     (("run",), ("--config", "--workers", "--rounds", "--output", "--progress", "--no-progress",
                 "--log-level")),
-    (("check",), ("--config", "--family", "--no-family", "--as", "--json")),
+    (("check",), ("--config", "--family", "--no-family", "--id", "--data", "--as", "--json")),
     (("data", "shard"), ("--config", "--data", "--out", "--json", "[WORKER]...")),
 ])
 def test_help(args: tuple[str, ...], mentions: tuple[str, ...]) -> None:

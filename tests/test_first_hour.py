@@ -555,6 +555,27 @@ def test_a_wrapper_of_a_worker_is_not_a_worker() -> None:
     assert not _runs_fedctl([b""])
 
 
+@pytest.mark.parametrize("given", [None, "2"])
+def test_a_master_beside_its_workers_takes_its_share_of_the_cores(
+        make_config: MakeConfig, tmp_path: Path, given: str | None) -> None:
+    """master.host on loopback: every worker runs on this host too. The master took every
+    core, and its OpenMP threads spinning beside three workers on two cores made
+    synchronized steps 20-25 % slower; now it takes its share, or what --threads says."""
+    config = make_config(tmp_path, workers=3)
+    log = tmp_path / "master.log"
+    env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}
+    with open(log, "wb") as fh:
+        master = subprocess.Popen(fedctl_command("master", "--config", str(config),
+                                                 *(("--threads", given) if given else ())),
+                                  cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        want = given or str(max(1, (os.cpu_count() or 1) // 4))
+        wait_for(lambda: "waiting for w1" in log.read_text(), 60, "the master to serve")
+        assert f"CPU threads: {want} (--threads to choose)" in log.read_text()
+    finally:
+        kill_tree(master)
+
+
 def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
                                                  tmp_path: Path) -> None:
     """w2 counts itself and w1, and whatever other clusters run workers on this host meanwhile
