@@ -185,6 +185,20 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     _end()
 
 
+def _loopback_cluster(config: str, overrides: tuple[str, ...], workers: int | None) -> int:
+    """The processes of a cluster whose master is on loopback (so every one of them is on
+    this host): its workers and the master; 0 when the master is elsewhere, or the config
+    cannot be read (the command's own loading then says why, in one line)."""
+    try:
+        cfg = load_config(config, overrides)
+    except (ConfigError, OSError):
+        return 0
+    if cfg.master.host not in ("127.0.0.1", "localhost", "::1"):
+        return 0
+    n = workers or len(cfg.workers)
+    return n + 1 if n else 0
+
+
 def _master_threads(config: str, overrides: tuple[str, ...], workers: int | None,
                     threads: int | None) -> None:
     """Cap the master's CPU threads: ``--threads``, else its share of the cores when its
@@ -192,14 +206,9 @@ def _master_threads(config: str, overrides: tuple[str, ...], workers: int | None
     beside three workers on two cores made synchronized steps 20-25 % slower (29.6 against
     36.6 steps a second)."""
     if threads is None and not os.environ.get("OMP_NUM_THREADS"):  # (fedctl run sets it)
-        try:
-            cfg = load_config(config, overrides)
-        except (ConfigError, OSError):
-            return  # the master's own loading says what is wrong, in one line
-        if cfg.master.host in ("127.0.0.1", "localhost", "::1"):
-            n = workers or len(cfg.workers)
-            if n:
-                threads = max(1, (os.cpu_count() or 1) // (n + 1))
+        cluster = _loopback_cluster(config, overrides, workers)
+        if cluster:
+            threads = max(1, (os.cpu_count() or 1) // cluster)
     if threads is not None:
         from fedctl.launch import limit_threads
 
@@ -294,11 +303,15 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
         fail(ConfigError(f"--id: expected {WORKER_NAME_RULE}, got {worker_id!r}"))
     if threads is None:
         here = _workers_on_this_host()
-        if here > 1:  # each taking every core, three workers made a 0.3 s round take 4 s
-            threads = max(1, (os.cpu_count() or 1) // here)
+        # With master.host on loopback the whole cluster is on this host, started yet or not
+        # (four terminals: w1, started first, took both cores beside the others).
+        cluster = _loopback_cluster(config, overrides, workers)
+        if max(here, cluster) > 1:  # each taking every core, three workers: a 0.3 s round 4 s
+            threads = max(1, (os.cpu_count() or 1) // max(here, cluster))
             logging.getLogger("fedctl.worker").info(
-                "%d fedctl workers on this host: %d CPU thread(s) each (--threads to choose)",
-                here, threads)
+                "%d fedctl workers on this host%s: %d CPU thread(s) each (--threads to "
+                "choose)", here, f", a cluster of {cluster} processes on loopback"
+                if cluster > here else "", threads)
     from fedctl.launch import limit_threads
 
     if threads:

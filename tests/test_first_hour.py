@@ -580,12 +580,14 @@ def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
                                                  tmp_path: Path) -> None:
     """w2 counts itself and w1, and whatever other clusters run workers on this host meanwhile
     (another test run, a user's job): those are counted here too, every 0.1 s while w2 starts,
-    so that only this test's own two workers are taken for granted."""
+    so that only this test's own two workers are taken for granted. With the master on
+    loopback the cluster's own processes count too, started or not."""
     config = make_config(tmp_path, workers=2)
     env = child_env()
     procs = []
     others: list[int] = []
-    pattern = re.compile(r"(\d+) fedctl workers on this host: (\d+) CPU thread")
+    pattern = re.compile(r"(\d+) fedctl workers on this host(?:, a cluster of (\d+) "
+                         r"processes on loopback)?: (\d+) CPU thread")
     try:
         for wid in ("w1", "w2"):
             if wid == "w2":
@@ -606,10 +608,13 @@ def test_workers_started_by_hand_share_the_cores(make_config: MakeConfig,
         for proc, log in procs:
             kill_tree(proc)
             log.close()
-    here, threads = int(found[1]), int(found[2])
+    here, threads = int(found[1]), int(found[3])
     # Alone on the host (others all 0): exactly "2 fedctl workers on this host".
     assert 2 + min(others) <= here <= 2 + max(others), (found[0], others)
-    assert threads == max(1, (os.cpu_count() or 1) // here), found[0]
+    # The master is on loopback: the cluster's three processes (two workers and the master)
+    # share the cores whichever of them has started.
+    assert (found[2] is not None) == (here < 3), found[0]
+    assert threads == max(1, (os.cpu_count() or 1) // max(here, 3)), found[0]
 
 
 def _worker_meets_master(tmp_path: Path, master_cfg: Path, worker_cfg: Path
