@@ -440,7 +440,10 @@ def share_terms(cfg: ClusterConfig) -> dict[str, Any]:
     if d.partition.startswith("dirichlet"):  # what else the scheme reads, and only that
         terms["alpha"] = d.alpha
     if d.partition == "proportions":
-        terms["proportions_digest"] = digest(d.proportions)
+        # The shares as the partition reads them, normalised: [9, 1] and [0.9, 0.1] agree.
+        total = float(sum(d.proportions or [])) or 1.0
+        terms["proportions_digest"] = digest([round(float(x) / total, 12)
+                                              for x in d.proportions or []])
     # The worker list decides whose share is whose: one term, whatever its length (a list of
     # a thousand names would pass the registration's bound on terms).
     terms["workers_digest"] = digest([w.name for w in cfg.workers])

@@ -120,9 +120,10 @@ def main() -> None:
               help="Continue from the checkpoint in the output folder; running workers "
                    "reconnect by themselves.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads of the master's torch and BLAS / OpenMP pools (default: with "
-                   "master.host on loopback, where every worker runs on this host too, its "
-                   "share of the cores beside them; else every core).")
+              help="CPU threads of the master's torch and BLAS / OpenMP pools (default: "
+                   "OMP_NUM_THREADS if set; else with master.host on loopback, where every "
+                   "worker runs on this host too, its share of the cores beside them; else "
+                   "every core).")
 @_log_level
 def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds: int | None,
            output: str | None, resume: bool, threads: int | None, log_level: str) -> None:
@@ -195,8 +196,8 @@ def _loopback_cluster(config: str, overrides: tuple[str, ...], workers: int | No
         return 0
     if cfg.master.host not in ("127.0.0.1", "localhost", "::1"):
         return 0
-    n = workers or len(cfg.workers)
-    return n + 1 if n else 0
+    n = workers or len(cfg.workers) or cfg.min_workers  # (none listed: at least min_workers)
+    return n + 1
 
 
 def _master_threads(config: str, overrides: tuple[str, ...], workers: int | None,
@@ -213,7 +214,8 @@ def _master_threads(config: str, overrides: tuple[str, ...], workers: int | None
         from fedctl.launch import limit_threads
 
         limit_threads(threads)
-        logging.getLogger("fedctl.master").info(
+        # (debug: a master that fails to start still says so in one line)
+        logging.getLogger("fedctl.master").debug(
             "CPU threads: %d (--threads to choose)", threads)
 
 
@@ -291,8 +293,9 @@ def _workers_on_this_host() -> int:
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads of torch and of numpy / scikit-learn / numba's BLAS and OpenMP "
                    "pools (default: this worker's fair share of the cores, counting the "
-                   "`fedctl worker` processes running on this host when it starts; alone, "
-                   "every core).")
+                   "`fedctl worker` processes running on this host when it starts and, with "
+                   "master.host on loopback and no OMP_NUM_THREADS set, the cluster's own "
+                   "workers and master; alone, every core).")
 @_log_level
 def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | None,
            device: str | None, workers: int | None, rounds: int | None, threads: int | None,
@@ -305,7 +308,8 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
         here = _workers_on_this_host()
         # With master.host on loopback the whole cluster is on this host, started yet or not
         # (four terminals: w1, started first, took both cores beside the others).
-        cluster = _loopback_cluster(config, overrides, workers)
+        cluster = (0 if os.environ.get("OMP_NUM_THREADS")  # the user's (or ansible's) word
+                   else _loopback_cluster(config, overrides, workers))
         if max(here, cluster) > 1:  # each taking every core, three workers: a 0.3 s round 4 s
             threads = max(1, (os.cpu_count() or 1) // max(here, cluster))
             logging.getLogger("fedctl.worker").info(
@@ -417,9 +421,9 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
     click.echo(f"Copy to the master's node: {folder / 'master.key_secret'} and "
                f"{folder / 'admitted'}/; to each worker's node: {folder / 'master.key'} and "
                f"its own {folder / 'workers'}/NAME.key_secret"
-               + ("; every worker needs the new master.key" if force and written else "")
-               + f". Then `fedctl check --config {config}` on each node (with --id NAME on a "
-                 f"worker's) names any key it lacks.")
+               + ("; all of them are new, on every node" if force and written else "")
+               + ". Then `fedctl check` on each node (with --id NAME on a worker's) names any "
+                 "key file it lacks.")
 
 
 @main.command()

@@ -47,6 +47,8 @@ POLL_S = 0.1  # how often the metrics log and the processes are looked at
 
 
 HISTORY_LINK = "latest"  # an output folder of this name keeps a history of runs beside it
+#: The name of a run of a history (output_folder's `<UTC time>-<id>`), failed or not.
+HISTORY_RUN = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}(\.failed)?")
 
 
 #: What a run writes into its folder (the master, `fedctl run`, the trackers, the workers'
@@ -129,10 +131,13 @@ def history_link(output_dir: str | Path, resume: bool = False) -> Path | None:
     if out.name == HISTORY_LINK:
         return out
     beside = out.parent / HISTORY_LINK
-    if not resume or not beside.is_symlink() or not is_run_folder(out):
-        return None
+    if (not resume or not beside.is_symlink() or HISTORY_RUN.fullmatch(out.name) is None
+            or not is_run_folder(out)):
+        return None  # (a `.partial` folder, `fedctl run --output`'s own: no history's run)
     target = beside.resolve()
-    return beside if target.parent == out.parent.resolve() and is_run_folder(target) else None
+    # The link at a run of the history, or at one deleted since.
+    return beside if target.parent == out.parent.resolve() and (
+        not target.exists() or is_run_folder(target)) else None
 
 
 def point_history_link(link: Path, final: Path) -> None:

@@ -714,8 +714,9 @@ class Master:
 
     def _resume_hint(self) -> str:
         """How a job that cannot go on is continued, where it can be."""
-        if not self.cfg.checkpoint_every:
-            return "checkpoint_every is 0, so there is no checkpoint to resume from"
+        if not (self.out / "checkpoint.npz").is_file():
+            return ("no checkpoint has been written (checkpoint_every 0, or none was due yet), "
+                    "so there is nothing to resume from")
         return "the checkpoint is kept: start the workers and `fedctl master --resume`"
 
     def _refused_keys(self) -> str:

@@ -166,8 +166,9 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     """`systemctl stop`, `kill`: the master closes its checkpoint writer and log, says where
     its checkpoint is and how to continue (it died in silence, -15), and --resume ends the
     job with every round once."""
-    cfg = make_config(tmp_path, workers=2, rounds=8, min_workers=2, model=SLOW, data=DATA)
-    out = tmp_path / "out"
+    out = tmp_path / "20261128T000000Z-abcdef"  # a run of a history, as output_folder names
+    cfg = make_config(tmp_path, workers=2, rounds=8, min_workers=2, model=SLOW, data=DATA,
+                      output_dir=str(out))
     _two_rounds_then_hold(procs, cfg, out)
     procs.procs["master"].send_signal(signal.SIGTERM)
     assert procs.procs.pop("master").wait(timeout=30) == 128 + signal.SIGTERM

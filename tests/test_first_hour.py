@@ -566,6 +566,7 @@ def test_a_master_beside_its_workers_takes_its_share_of_the_cores(
     env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}
     with open(log, "wb") as fh:
         master = subprocess.Popen(fedctl_command("master", "--config", str(config),
+                                                 "--log-level", "debug",
                                                  *(("--threads", given) if given else ())),
                                   cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
     try:

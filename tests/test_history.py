@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -161,8 +162,16 @@ def test_only_a_resumed_run_of_a_history_moves_its_latest_link(tmp_path: Path) -
     assert history_link(run) is None  # a new run of its own
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "latest").symlink_to(tmp_path)  # a user's link to anything
-    mine = _run_dir(tmp_path / "home", "myrun", finished=False)
+    mine = _run_dir(tmp_path / "home", "20260103T000000Z-cccccc", finished=False)
     assert history_link(mine, resume=True) is None
+    # `fedctl run`'s own folders beside a history: its .partial one, an --output one.
+    for name in ("20260104T000000Z-dddddd.partial", "exp1"):
+        assert history_link(_run_dir(runs, name, finished=False), resume=True) is None
+    # A link at a run deleted since is still the history's.
+    gone = _run_dir(runs, "20260105T000000Z-eeeeee", finished=True)
+    point_history_link(runs / "latest", gone)
+    shutil.rmtree(gone)
+    assert history_link(run, resume=True) == runs / "latest"
 
 
 def test_a_failed_start_is_removed_and_a_run_that_trained_is_kept(tmp_path: Path) -> None:

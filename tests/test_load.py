@@ -19,11 +19,17 @@ pytestmark = pytest.mark.slow
 N = 100
 
 
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def _peak_rss_mib(pid: int) -> float | None:
+    """The process's peak resident memory; None once it has ended (a zombie's status has no
+    VmHWM: the master may end between the caller's poll and this read)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
-    return float("nan")
+    return None
 
 
 def test_hundred_workers_complete_rounds(tmp_path: Path, make_config: MakeConfig, procs: Procs

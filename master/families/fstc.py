@@ -14,6 +14,7 @@ What travels:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -237,10 +238,7 @@ class FSTCServer(ServerFamily):
         FSTCClusterer.get_arrays names them), from the bundled model every worker starts
         from; read once."""
         if self._encoder_shapes is None:
-            encoder = FSTCClusterer(2, encoder="finetune")._load_encoder()
-            self._encoder_shapes = {f"encoder.{k}": tuple(v.shape)
-                                    for k, v in encoder.state_dict().items()
-                                    if v.dtype.is_floating_point}
+            self._encoder_shapes = dict(_bundled_encoder_form())
         return self._encoder_shapes
 
     def declared_documents(self, info: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -286,3 +284,13 @@ class FSTCServer(ServerFamily):
                                            [r.n_samples for r in with_model]))
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
         return self.global_
+
+
+@functools.cache
+def _bundled_encoder_form() -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``encoder.*`` name and shape of each of the bundled encoder's floating arrays, read
+    once a process (the master builds several families while it looks for a worker to blame
+    at setup, and loading the model takes seconds)."""
+    encoder = FSTCClusterer(2, encoder="finetune")._load_encoder()
+    return tuple((f"encoder.{k}", tuple(v.shape)) for k, v in encoder.state_dict().items()
+                 if v.dtype.is_floating_point)
