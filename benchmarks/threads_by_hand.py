@@ -3,7 +3,7 @@ every process taking every core.
 
 The README's "four terminals": ``fedctl master`` and three ``fedctl worker`` commands, each
 started on its own (no ``--threads``, no ``OMP_NUM_THREADS``), the master on loopback, the
-first worker started before the others. Two settings, taken in turns:
+first worker started before the others. Three settings, taken in turns:
 
 * ``defaults``: what the commands choose by themselves (fedctl/cli.py: a worker counts the
   ``fedctl worker`` processes running and, the master being on loopback, the cluster's own
