@@ -296,7 +296,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
     cfg.strategy = dict(strategy)
 
     for key, check, what in (
-        ("rounds", lambda v: _int(v) and v >= 1, "an integer >= 1"),
+        ("rounds", lambda v: _int(v) and 1 <= v <= C.MAX_ROUNDS,
+         f"an integer from 1 to {C.MAX_ROUNDS:,}"),
         ("client_fraction", lambda v: _num(v) and 0 < v <= 1, "a fraction in (0, 1]"),
         ("min_workers", lambda v: _int(v) and v >= 1, "an integer >= 1"),
         ("round_deadline", lambda v: _num(v) and v > 0, "a number of seconds > 0"),

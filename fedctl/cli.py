@@ -21,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from common import constants as C
 from common.config import WORKER_NAME, WORKER_NAME_RULE, ClusterConfig, ConfigError, load_config
 from fedctl.errors import fail, one_line
 
@@ -43,8 +44,9 @@ def _load(config: str, workers: int | None = None, rounds: int | None = None,
                 "their own (%s) are not used", workers, workers, ", ".join(own))
         cfg = cfg.with_workers(workers)
     if rounds is not None:
-        if rounds < 1:
-            raise ConfigError(f"--rounds: expected an integer >= 1, got {rounds}")
+        if not 1 <= rounds <= C.MAX_ROUNDS:
+            raise ConfigError(f"--rounds: expected an integer from 1 to {C.MAX_ROUNDS:,}, "
+                              f"got {rounds}")
         cfg.rounds = rounds
     if output is not None:
         cfg.output_dir = os.path.abspath(output)  # a link (runs/latest) stays a link

@@ -712,9 +712,10 @@ class Master:
                                 f"{self.cfg.heartbeat_timeout:g}s)")
                 self._finish()
 
-    def _resume_hint(self) -> str:
-        """How a job that cannot go on is continued, where it can be."""
-        if not (self.out / "checkpoint.npz").is_file():
+    def _resume_hint(self, checkpointed: bool = False) -> str:
+        """How a job that cannot go on is continued, where it can be (``checkpointed``: a
+        checkpoint of this round is on its way to disk)."""
+        if not checkpointed and not (self.out / "checkpoint.npz").is_file():
             return ("no checkpoint has been written (checkpoint_every 0, or none was due yet), "
                     "so there is nothing to resume from")
         return "the checkpoint is kept: start the workers and `fedctl master --resume`"
@@ -982,7 +983,7 @@ class Master:
                      "writing under %g %% of the time (checkpoint_budget)",
                      self._checkpoints.last_write_s, 100 * self.cfg.checkpoint_budget)
         ckpt = self._checkpoint(events) if due else None  # the state as this round left it
-        hopeless = self._secure_hopeless(secure, now)
+        hopeless = self._secure_hopeless(secure, now, checkpointed=ckpt is not None)
         if hopeless is not None:
             self._checkpoints.submit(ckpt, events, hold=False)
             return self._fail(hopeless)
@@ -1028,7 +1029,8 @@ class Master:
         log.warning("round %d: no update to aggregate: the model stays as it was", rnd.number)
         return False
 
-    def _secure_hopeless(self, sa: SecureRound | None, now: float) -> str | None:
+    def _secure_hopeless(self, sa: SecureRound | None, now: float,
+                         checkpointed: bool = False) -> str | None:
         """Why the job must end after a secure round: it failed with fewer live workers than
         its threshold, so that no later round could succeed either; or the last
         SECAGG_MAX_REFUSED_SUMS sums could not be applied. None otherwise."""
@@ -1047,7 +1049,7 @@ class Master:
             return None
         return (f"secure aggregation needs {sa.threshold} workers a round (its threshold) and "
                 f"{len(live)} are alive ({', '.join(live) or 'none'}): the job cannot go on; "
-                f"{self._resume_hint()}")
+                f"{self._resume_hint(checkpointed)}")
 
     def _aggregate_secure(self, rnd: RoundState) -> bool:
         """Fold the round's secure sum in: the strategy gets one result, the weighted average

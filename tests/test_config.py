@@ -236,6 +236,7 @@ def test_config_to_dict_roundtrip_keeps_positive_null(tmp_path):
         ("workers: [7]\n", "workers[0]"),
         ("workers: w1\n", "workers"),
         ("rounds: 0\n", "rounds"),
+        ("rounds: 100000000\n", "rounds"),
         ("rounds: ten\n", "rounds"),
         ("rounds: 2.5\n", "rounds"),
         ("checkpoint_budget: 0\n", "checkpoint_budget"),
