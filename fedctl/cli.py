@@ -443,7 +443,7 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
 @click.option("--id", "worker_id", default=None, metavar="NAME",
               help="On a worker's node: check that worker alone (its documents, its keys), "
                    "as `fedctl worker --id NAME` will read them.")
-@click.option("--data", type=click.Path(dir_okay=False), default=None,
+@click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --id: the worker's own JSONL, as given to `fedctl worker --data`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
@@ -465,8 +465,6 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     try:
         if data is not None and worker_id is None:
             raise click.UsageError("--data needs --id (the worker whose documents they are)")
-        if data is not None and not Path(data).is_file():
-            raise ConfigError(f"--data: {data}: no such file")
         cfg = load_config(config, overrides)
         if family:
             from master.preflight import preflight

@@ -295,17 +295,16 @@ class Worker:
         self.run_id = run_id
         self.incarnation = reply.body.get("incarnation")
         rounds = reply.body.get("rounds")
-        if (isinstance(rounds, int) and not isinstance(rounds, bool)
-                and not 0 < rounds <= C.MAX_ROUNDS):
-            log.warning("the master's welcome says %r rounds: not believable, this worker "
-                        "keeps %s's %d", rounds, self.cfg.source, self.cfg.rounds)
-        elif (isinstance(rounds, int) and not isinstance(rounds, bool)
-                and rounds != self.cfg.rounds):
+        if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds != self.cfg.rounds:
             # The job's length is the master's (--rounds given to it alone); a local-only
             # baseline trained for this config's count compared unlike with like.
-            log.info("the master's job has %d rounds (%s says %d): this worker follows it",
-                     rounds, self.cfg.source, self.cfg.rounds)
-            self.cfg.rounds = rounds
+            if 0 < rounds <= C.MAX_ROUNDS:
+                log.info("the master's job has %d rounds (%s says %d): this worker follows it",
+                         rounds, self.cfg.source, self.cfg.rounds)
+                self.cfg.rounds = rounds
+            else:
+                log.warning("the master's welcome says %d rounds: not believable, this worker "
+                            "keeps %s's %d", rounds, self.cfg.source, self.cfg.rounds)
         if self.snapshots is not None and self.run_id is not None:
             self.snapshots.adopt(str(self.run_id))
         log.info("%s registered with master %s (%d training, %d test documents, %s)",
