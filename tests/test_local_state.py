@@ -199,3 +199,34 @@ def test_an_optimizer_copy_puts_adams_state_back_in_place() -> None:
             assert opt.state[p][k] is tensors[id(p)][k], k  # back into the tensors Adam holds
     kept.take(opt)
     assert {k: id(t) for k, t in kept._kept[id(w)].items()} == buffers  # written over
+
+
+def test_snapshots_behind_a_lagging_checkpoint_make_no_new_files(tmp_path: Path) -> None:
+    """A master whose checkpoint lands every few rounds frees that many snapshots at once: all
+    are kept as spares for the rounds until the next release (a new file costs several times
+    one written over), and no more than those rounds need, so a one-off long lag is not kept."""
+    from worker.snapshots import SPARES, Snapshots
+
+    snaps = Snapshots(tmp_path / "w1", "w1")
+    snaps.adopt("run-a")
+    tree = {"moments": np.zeros(1000)}
+    new_files = []
+
+    def files() -> list[str]:
+        return sorted(p.name for p in snaps.folder.iterdir() if p.name != "RUN")
+
+    lag = 6
+    for r in range(1, 61):
+        before = set(files())
+        snaps.save(r, tree, keep=lag * ((r - 1) // lag))  # the checkpoint: every 6th round
+        new_files.append(not before - set(files()))  # no earlier file taken over
+    assert not any(new_files[2 * lag:])  # once warm, every round is written over a spare
+    assert len(files()) <= 2 * lag
+    # A one-off lag of 30 rounds, then the usual 6 again: the extra spares go.
+    for r in range(61, 91):
+        snaps.save(r, tree, keep=60)
+    for r in range(91, 116):
+        snaps.save(r, tree, keep=lag * ((r - 1) // lag))
+    # Round 115 freed 108 to 113: right after a release, spares for the next six rounds.
+    assert snaps.rounds() == [114, 115]
+    assert max(SPARES, lag - 1) <= len([n for n in files() if n.startswith(".spare-")]) <= lag
