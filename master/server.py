@@ -76,6 +76,13 @@ def _abstains(rnd: RoundState, worker_id: str) -> bool:
     aggregation this is how the master knows who; a plain upload shows it in its arrays too."""
     return bool(rnd.metrics.get(worker_id, {}).get("abstain"))
 
+
+def _same_arrays(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two models hold the very same array objects (a payload built anew for each
+    call, LDA's per-worker one, holds the same arrays)."""
+    return a is b or (a.keys() == b.keys() and all(a[k] is b[k] for k in a))
+
+
 class Master:
     """Serve one federated job described by ``cfg``.
 
@@ -591,6 +598,7 @@ class Master:
         self.family.check_update(arrays)
         self.family.check_claims(arrays, b["n_samples"])
         rnd.results[ws.worker_id] = ClientResult(ws.worker_id, arrays, b["n_samples"], extra)
+        rnd.distances[ws.worker_id] = (model, screening.distance(arrays, model))
         upload = (min(max(0.0, time.time() - b["sent_at"]), C.MAX_TIMING_S)
                   if isinstance(b.get("sent_at"), float) else None)
         rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes,
@@ -1000,8 +1008,14 @@ class Master:
         update furthest out. False when no update is left to aggregate."""
         if self.secure is not None:
             return self._aggregate_secure(rnd)
-        base = {w: self.family.payload_for(w).arrays for w in rnd.results}
-        dist = {w: screening.distance(r.arrays, base[w]) for w, r in rnd.results.items()}
+        dist = {}
+        for w, r in rnd.results.items():
+            base = self.family.payload_for(w).arrays
+            taken = rnd.distances.get(w)
+            # (the model it was measured from may have been replaced since: a family's step
+            # that moved on, a payload composed again)
+            dist[w] = (taken[1] if taken is not None and _same_arrays(taken[0], base)
+                       else screening.distance(r.arrays, base))
         counted = {w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
         for wid, why in screening.outliers(counted).items():
             self._leave_out(rnd, wid, why)
