@@ -70,6 +70,7 @@ from torch import nn
 from common.eval.classification import classification_metrics
 from common.eval.clustering import cluster_mapping, cluster_sizes, clustering_metrics
 from common.models.kfed import combine_centers, local_kmeans
+from common.models.optimizers import fused_kwargs
 from common.state import generator_state, set_generator_state
 
 #: Names of the arrays a worker uploads and the master publishes.
@@ -795,7 +796,7 @@ class FSTCClusterer:
         groups = [{"params": self.head_.parameters(), "lr": self.lr_head}]
         if self.encoder == "finetune":
             groups.append({"params": self._load_encoder().parameters(), "lr": self.lr_encoder})
-        return torch.optim.Adam(groups)
+        return torch.optim.Adam(groups, **fused_kwargs("adam"))
 
     # -- training --------------------------------------------------------------------------
     @property

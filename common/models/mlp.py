@@ -18,6 +18,7 @@ from torch import nn
 
 from common.eval.classification import classification_metrics
 from common.models.mlp_params import OPTIMIZERS, MLPParams  # noqa: F401  (its old home)
+from common.models.optimizers import fused_kwargs
 from common.models.proximal import anchor_of, proximal_term
 from common.privacy.dp import DPSGDParams, sgd_sample_rate
 from common.state import generator_state, set_generator_state
@@ -101,7 +102,8 @@ class MLPClassifier:
         if self._optimizer is None:
             opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
             self._optimizer = opt[self.optimizer](self.model_.parameters(), lr=self.lr,
-                                                  weight_decay=self.weight_decay)
+                                                  weight_decay=self.weight_decay,
+                                                  **fused_kwargs(self.optimizer))
         return self._optimizer
 
     # -- parameters as named numpy arrays: what travels on the wire ------------------------

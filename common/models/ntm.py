@@ -51,6 +51,7 @@ from common.models.ntm_sync_bn import (
     merge_moments,
     moved_running_stats,
 )
+from common.models.optimizers import fused_kwargs
 from common.models.proximal import proximal_term
 from common.state import generator_state, set_generator_state
 
@@ -384,7 +385,7 @@ class NeuralTopicModel:
         that only averages weights (``mode: fedavg``) should not wait for."""
         if self._optimizer is None:
             self._optimizer = torch.optim.Adam(self._trainable(), lr=self.lr,
-                                               betas=(self.beta1, 0.999))
+                                               betas=(self.beta1, 0.999), **fused_kwargs("adam"))
         return self._optimizer
 
     def _trainable(self) -> list[nn.Parameter]:
