@@ -357,6 +357,9 @@ class Master:
             msg = decode_request(frames, nbytes, self.max_message_bytes)
         except ProtocolError as exc:
             return self._refuse(exc.code, str(exc), identity or "?")
+        except Exception as exc:  # a decoder's bug must not take the master down either
+            log.exception("error decoding a request from %r", identity or "?")
+            return self._refuse(errors.REJECTED, f"{type(exc).__name__}: {exc}", identity or "?")
         del frames
         # Only a string names a sender: the repr of anything else a peer sent (a list nested a
         # thousand deep) could raise, here, outside the try below, and end the master.

@@ -185,6 +185,10 @@ JOINING_CASES = {
     "header-not-a-map": ([b"ping", msgpack.packb([1, 2, 3])], "malformed"),
     "header-without-kind": ([b"ping", _header(kind="")], "malformed"),
     "missing-array-frame": ([b"ping", _header(arrays=[["a", "<f4", [2]]])], "malformed"),
+    # Empty, so its bytes matched, but numpy cannot hold its other sizes: reshape raised
+    # ValueError in the decoder, which ended the master.
+    "empty-array-of-impossible-sizes": (
+        [b"ping", _header(arrays=[["a", "<f4", [2**39, 2**39, 0]]]), b""], "shape"),
     "wrong-version": ([b"ping", _header(v=99)], "version"),
     "unknown-kind": (encode("dance", {"worker_id": "w1"}), "unknown_kind"),
     "missing-field": (encode("register", {"worker_id": "w2", "n_samples": 1, "device": "cpu"}),

@@ -359,6 +359,11 @@ def test_buffer_size_must_match_shape_times_itemsize(nbytes):
     raises_code([b"update", header([["a", "<f4", [3]]]), b"\0" * nbytes], "shape")
 
 
+@pytest.mark.parametrize("shape", [[2**39, 2**39, 0], [0, 2**30, 2**30, 2**30]])
+def test_an_empty_array_of_sizes_numpy_cannot_hold_is_refused(shape):
+    raises_code([b"update", header([["a", "<f4", shape]]), b""], "shape")
+
+
 def test_buffer_size_mismatch_of_the_second_array():
     frames = as_bytes(encode("update", arrays={"a": np.zeros(2), "b": np.zeros((2, 3), "U5")}))
     frames[3] = frames[3][:-4]

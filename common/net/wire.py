@@ -29,6 +29,9 @@ from common.constants import MAX_ARRAYS, MAX_HEADER_BYTES, MAX_HEADER_CONTAINERS
 from common.net import errors
 from common.net.errors import ProtocolError
 
+#: No array's declared size may reach this (numpy's own limit is 2**63 bytes); a real one is
+#: bounded far lower by the message limit, which an empty array does not meet.
+MAX_ARRAY_BYTES = 2**62
 # Fixed-size dtypes only: 'O' (object) would need pickling and 'V' (void/structured) can smuggle
 # objects, so neither is ever accepted.
 _DTYPE_RE = re.compile(r"^[<>|=]?(?:[biufc]\d{1,2}|[SU]\d{1,9}|[mM]8(?:\[\d*[a-zA-Z]{1,2}\])?)$")
@@ -226,7 +229,10 @@ def decode(frames: Sequence[Any], max_header: int = MAX_HEADER_BYTES,
                 f"frame has {buf.nbytes}",
                 code=errors.SHAPE,
             )
-        arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+        try:
+            arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+        except ValueError as exc:  # whatever numpy still cannot make of it
+            raise ProtocolError(f"array {name!r}: {exc}", code=errors.SHAPE) from None
         arr.flags.writeable = False  # a view of the received frame: nobody writes into it
         arrays[name] = arr
     return Message(kind=kind, body=body, arrays=arrays, topic=topic)
@@ -245,6 +251,11 @@ def _check_spec(spec: Any) -> tuple[str, np.dtype, list[int]]:
         and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)
     ):
         raise ProtocolError(f"array {name!r}: shape {shape!r} is not a list of sizes",
+                            code=errors.SHAPE)
+    # An empty array may still name sizes numpy cannot hold ([2**39, 2**39, 0]): its other
+    # sizes must multiply to something an array could have.
+    if math.prod(d for d in shape if d) * dt.itemsize >= MAX_ARRAY_BYTES:
+        raise ProtocolError(f"array {name!r}: shape {shape!r} is larger than any array",
                             code=errors.SHAPE)
     return name, dt, shape
 
