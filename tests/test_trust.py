@@ -585,17 +585,18 @@ def _catch(run: Any, errors: list[BaseException]) -> None:
         errors.append(exc)
 
 
-def _small_sync_prodlda_master() -> Any:
-    """The master's half of a synchronized-batch-norm prodlda job of two workers, set up in
-    this process (30 words each, 50 agreed, 3 topics)."""
+def _small_sync_prodlda_master(mode: str = "sync", strategy: str = "fedavg") -> Any:
+    """The master's half of a synchronized-batch-norm prodlda job of two workers (or, with
+    ``mode`` fedavg, of averaged weights), set up in this process (30 words each, 50 agreed,
+    3 topics)."""
     from common.config import parse_config
     from master.families.ntm import ProdLDAServer
     from master.strategies import make_strategy
 
     cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
                         "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
-                                  "min_df": 1}}, "<test>")
-    server = ProdLDAServer(cfg, make_strategy("fedavg"))
+                                  "min_df": 1, "mode": mode}}, "<test>")
+    server = ProdLDAServer(cfg, make_strategy(strategy))
     server.setup({w: {"vocabulary": {f"word{j}": [3, 2] for j in range(i, i + 30)},
                       "n_docs": 5} for i, w in enumerate(["w1", "w2"])})
     return server
@@ -737,6 +738,32 @@ def test_sync_batch_norm_uploads_are_checked_for_their_form() -> None:
                 server.check_update({**good, "m2": -good["m2"]})
             checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedadam"])
+def test_a_negative_running_variance_is_refused_and_never_published(strategy: str) -> None:
+    """A running variance below zero passed every check of averaged weights, and the model it
+    was averaged into gave NaN on every honest worker that evaluated it. Refused in an upload;
+    and a server optimizer that steps past zero publishes zero."""
+    from common.net.wire import ProtocolError
+    from master.families.ntm import RUNNING_VAR
+    from master.strategies import ClientResult
+
+    server = _small_sync_prodlda_master(mode="fedavg", strategy=strategy)
+    model = server.global_.arrays
+    variances = [n for n in model if n.endswith(RUNNING_VAR)]
+    assert variances
+    server.check_update(model)
+    for name in variances:
+        with pytest.raises(ProtocolError, match="a variance"):
+            server.check_update({**model, name: np.full_like(model[name], -5.0)})
+    # Honest updates that shrink the variance a lot: FedAdam's step went past zero in the
+    # sixth round, and every worker's evaluation gave NaN.
+    for _ in range(10):
+        low = {n: (np.full_like(a, 1e-6) if n.endswith(RUNNING_VAR) else a)
+               for n, a in server.global_.arrays.items()}
+        out = server.aggregate(1, [ClientResult("w1", low, 5), ClientResult("w2", low, 5)])
+        assert all((out.arrays[n] >= 0).all() for n in variances)
 
 
 def test_fstc_start_counts_past_the_registered_documents_are_refused(

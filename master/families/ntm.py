@@ -49,6 +49,8 @@ log = logging.getLogger("fedctl.master")
 
 #: A synchronous run whose steps keep being redone stops after this many times ``rounds``.
 MAX_ROUNDS_PER_BUDGET = 2
+#: How a batch norm's running variance is named among the arrays (``<layer>.running_var``).
+RUNNING_VAR = ".running_var"
 
 
 class ProdLDAServer(VocabularyServer):
@@ -211,6 +213,12 @@ class ProdLDAServer(VocabularyServer):
         # synchronized batch norm each phase has its own arrays (or the abstention).
         if self.reducer_ is None:
             super().check_update(arrays)
+            # A variance below zero passes every other check, and a batch norm that averages
+            # it in gives NaN on every worker that evaluates the model.
+            for name, a in arrays.items():
+                if name.endswith(RUNNING_VAR) and (a < 0).any():
+                    raise ProtocolError(f"array {name!r} (a variance) holds negative values",
+                                        code=errors.REJECTED)
         elif set(arrays) == {ABSTAIN}:
             check_arrays(arrays, {ABSTAIN: ((0,), np.dtype(np.float64))})  # empty, as sent
         else:
@@ -262,6 +270,9 @@ class ProdLDAServer(VocabularyServer):
             arrays = self.model_.get_arrays()
         else:
             arrays = self.strategy.aggregate(before, results)
+            # A server optimizer (FedAdam, FedYogi) may step a variance past zero.
+            arrays = {k: np.maximum(a, 0, dtype=a.dtype) if k.endswith(RUNNING_VAR) else a
+                      for k, a in arrays.items()}
         if self.params.tol > 0 or self.params.patience > 0:  # only the stop rule needs it
             names = self.model_.param_names()
             self.changes_.append(relative_change({n: before[n] for n in names},
