@@ -856,6 +856,10 @@ class Master:
 
     def _start_round(self, now: float) -> None:
         fixed = self.family.participants()  # a step of several rounds keeps its workers
+        if fixed is not None:
+            # Less any excluded since (one that registered again mid-round): the family then
+            # sees a member missing from the step and starts it again.
+            fixed = [w for w in fixed if w in self.workers] or self._sample()
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
                          self._sample() if fixed is None else fixed,
                          mid_step=fixed is not None)
@@ -1244,9 +1248,12 @@ class Master:
         one whose missing workers changed."""
         changed = set(missing) != self._missing_said
         self._missing_said = set(missing)
+        # A synchronous family's redone steps take rounds past the planned number.
+        of = (f"/{self.cfg.rounds}" if rnd.number <= self.cfg.rounds
+              else f" ({self.cfg.rounds} planned, more for redone steps)")
         log.log(self._round_lines.level(matters=last or changed),
-                "round %d/%d: %d update(s) in %.3fs (slowest training %.3fs, overhead "
-                "%.1f ms)%s", rnd.number, self.cfg.rounds, len(rnd.results), r["duration_s"],
+                "round %d%s: %d update(s) in %.3fs (slowest training %.3fs, overhead "
+                "%.1f ms)%s", rnd.number, of, len(rnd.results), r["duration_s"],
                 r["slowest_train_s"], 1000 * r["overhead_s"],
                 f", global macro-F1 at round start {r['mean_macro_f1']:.3f}"
                 if r["mean_macro_f1"] is not None else "")

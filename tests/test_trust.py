@@ -578,6 +578,49 @@ def test_secure_sums_refused_round_after_round_end_the_job_saying_why(
         C.SECAGG_MAX_REFUSED_SUMS)
 
 
+def test_a_member_excluded_in_a_secure_step_does_not_end_the_master(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """w1 registers again at each unmask stage of round 1: the third time it is excluded,
+    after its masked input was taken. The step's next phase went to the fixed members, w1
+    among them, and the master ended in a KeyError; now the step starts again without it."""
+    from common.models.ntm_sync_bn import N_PHASES
+    from common.net import transport
+    from worker.client import Worker
+
+    request = transport.LazyPirateClient.request
+    sent: dict[str, Any] = {}
+
+    def registers_again(self, kind, body=None, arrays=None):  # only w1 runs in this process
+        if kind == "register":
+            sent["register"] = dict(body)
+        elif (kind == "secagg" and (body or {}).get("stage") == "unmask"
+              and body.get("round") == 1 and sent.get("again", 0) < 3):
+            sent["again"] = sent.get("again", 0) + 1
+            request(self, "register", sent["register"])
+        return request(self, kind, body, arrays)
+
+    monkeypatch.setattr(transport.LazyPirateClient, "request", registers_again)
+    # Without CURVE: with it, a key registers at most once every REGISTER_INTERVAL.
+    config = make_config(tmp_path, workers=3, security={"mode": "none"},
+                         rounds=N_PHASES * 2, min_workers=2,
+                         model={"family": "prodlda", "vocab_size": 500},
+                         privacy={"secure_aggregation": {"threshold": 2}})
+    procs.master(config)
+    hostile, errors = Worker(load_config(config), "w1"), []
+    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
+    thread.start()
+    procs.worker(config, "w2")
+    procs.worker(config, "w3")
+    codes = procs.wait_all(timeout=240)
+    thread.join(timeout=30)
+    assert sent.get("again") == 3
+    assert codes == {"master": 0, "w2": 0, "w3": 0}, procs.logs_tail()
+    log = procs.log("master")
+    assert "excluded w1 from the job: registered again" in log
+    assert "w1 dropped out in phase 1; redoing the step" in log
+
+
 def _catch(run: Any, errors: list[BaseException]) -> None:
     try:
         run()
