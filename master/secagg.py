@@ -106,6 +106,8 @@ class SecureRound:
         self.shares: dict[str, dict[str, bytes]] = {}
         self.inputs: dict[str, np.ndarray] = {}
         self.reveals: dict[str, tuple[dict[str, bytes], dict[str, bytes]]] = {}
+        #: Members whose input is in the sum and who sent no reveal by the stage's end.
+        self.withheld: list[str] = []
         self.sum_: np.ndarray | None = None  # the float sum, once unmasked
         self.failure: str | None = None
         # (revealer, owner): a share revealed that is not on the owner's polynomial
@@ -312,6 +314,7 @@ class SecureRound:
 
     def _unmask(self) -> None:
         dropped = [v for v in self.u2 if v not in self.inputs]
+        self.withheld = [v for v in self.u3 if v not in self.reveals]
         seeds: dict[str, bytes] = {}
         pair_keys: dict[tuple[str, str], bytes] = {}
         for owner in self.u3 + dropped:

@@ -944,6 +944,15 @@ class Master:
         elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
             return
         missing = rnd.waiting()
+        withheld: list[str] = []
+        if self.secure is not None and self.secure.stage == SECURE_DONE:
+            # A member whose input is in the sum but who, alive, kept its shares back held the
+            # round up for SECAGG_STAGE_TIMEOUT: silent, as one that sent nothing.
+            withheld = [w for w in self.secure.withheld
+                        if w in self.roster and self.roster.alive(w, now)]
+            if withheld:
+                log.warning("round %d: %s revealed no shares within %gs; counted as silent",
+                            rnd.number, ", ".join(withheld), C.SECAGG_STAGE_TIMEOUT)
         if missing:
             dead = [w for w in missing if not (w in self.roster and self.roster.alive(w, now))]
             # Millisecond rounds would repeat the same warning hundreds of times a second while
@@ -958,7 +967,7 @@ class Master:
         if back:
             log.info("round %d: %s reported again", rnd.number, ", ".join(back))
             self._absent -= set(back)
-        self._count_silence(rnd, missing)
+        self._count_silence(rnd, missing + withheld)
         progress = next(iter(self.family.trained(self.version).values()))
         t0 = time.perf_counter()
         aggregated = self._aggregate(rnd)

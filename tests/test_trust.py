@@ -621,6 +621,48 @@ def test_a_member_excluded_in_a_secure_step_does_not_end_the_master(
     assert "w1 dropped out in phase 1; redoing the step" in log
 
 
+def test_a_member_that_keeps_its_reveal_back_is_excluded(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """w1 sends its masked input and then never its reveal: each round waited out the reveal
+    stage (SECAGG_STAGE_TIMEOUT, 60 s) and was unmasked from the others' shares, with nothing
+    counted against w1, for the whole job. Now it is silent, and excluded at ABSTAIN_LIMIT."""
+    from common.net import transport
+    from common.net.wire import Message
+    from common.secagg import protocol as P
+    from worker.client import Worker
+
+    monkeypatch.setattr(C, "SECAGG_STAGE_TIMEOUT", 2.0)  # the master is on a thread here
+    request = transport.LazyPirateClient.request
+    kept_back = []
+
+    def keeps_its_reveal(self, kind, body=None, arrays=None):  # only w1 runs in this process
+        if kind == "secagg" and (body or {}).get("stage") == P.REVEAL:
+            kept_back.append(body["round"])
+            return Message(kind="secagg", body={"ready": True})
+        return request(self, kind, body, arrays)
+
+    monkeypatch.setattr(transport.LazyPirateClient, "request", keeps_its_reveal)
+    rounds = C.ABSTAIN_LIMIT + 2
+    config = _config(make_config, tmp_path, rounds=rounds, min_workers=2,
+                     privacy={"secure_aggregation": {"threshold": 2}})
+    master, thread = _in_process_master(config)
+    try:
+        hostile, errors = Worker(load_config(config), "w1"), []
+        threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True).start()
+        procs.worker(config, "w2")
+        procs.worker(config, "w3")
+        assert procs.wait_all(timeout=240) == {"w2": 0, "w3": 0}, procs.logs_tail()
+        thread.join(timeout=30)
+    finally:
+        master.phase = "done"
+        thread.join(timeout=5)
+        master.close()
+    assert kept_back[:C.ABSTAIN_LIMIT] == list(range(1, C.ABSTAIN_LIMIT + 1))
+    assert "ABSTAIN_LIMIT" in master.excluded.get("w1", ""), master.excluded
+    assert master.summary.get("rounds") == rounds and "failed" not in master.summary
+
+
 def _catch(run: Any, errors: list[BaseException]) -> None:
     try:
         run()
