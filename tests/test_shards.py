@@ -57,11 +57,22 @@ def test_cutting_again_rewrites_nothing(tmp_path: Path) -> None:
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "shards").iterdir()} == stamps
 
 
-def test_named_workers_split_the_data_among_themselves(tmp_path: Path) -> None:
+def test_named_workers_split_the_data_among_themselves_without_a_worker_list(
+        tmp_path: Path) -> None:
     cfg = load_config(_config(tmp_path, partition="iid"))
+    cfg.workers = []
     report = write_shards(cfg, tmp_path / "shards", ["a", "b"])
     assert sorted(report.sizes) == ["a", "b"] and sum(report.sizes.values()) == 300
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["a.jsonl", "b.jsonl"]
+
+
+def test_named_workers_of_a_list_get_their_own_shares(tmp_path: Path) -> None:
+    cfg = load_config(_config(tmp_path, partition="iid"))
+    every = write_shards(cfg, tmp_path / "all").sizes
+    some = write_shards(cfg, tmp_path / "some", ["w3", "w1"]).sizes
+    assert some == {"w3": every["w3"], "w1": every["w1"]}
+    assert ((tmp_path / "some" / "w3.jsonl").read_bytes()
+            == (tmp_path / "all" / "w3.jsonl").read_bytes())
 
 
 @pytest.mark.parametrize("names", [["a", "a"], ["../outside"], [".."], []])
@@ -99,6 +110,16 @@ def test_fedctl_data_shard(tmp_path: Path) -> None:
                      "--data", str(tmp_path / "missing.jsonl"))
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines() == [f"Error: {tmp_path / 'missing.jsonl'}: no such file"]
+    # One worker's file made again alone is its share, not the whole dataset (a name used to
+    # replace the worker list: `shard w3` wrote every document to w3.jsonl).
+    (out / "w3.jsonl").unlink()
+    again = run_fedctl("data", "shard", "--config", str(config), "--out", str(out), "--json",
+                       "w3")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["sizes"] == {"w3": report["sizes"]["w3"]}
+    stranger = run_fedctl("data", "shard", "--config", str(config), "--out", str(out), "w7")
+    assert stranger.returncode == 1 and "w7 is not among the cluster's workers" in stranger.stderr
+    assert not (out / "w7.jsonl").exists()
 
 
 def test_fedctl_check_accepts_a_good_file(tmp_path: Path) -> None:

@@ -173,15 +173,18 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
     """Cut ``data.path`` among workers into ``out_dir/<worker>.jsonl``, one file each.
 
     Each file holds exactly the documents (training and held-out rows) the worker would take
-    from ``data.path`` in a simulated cluster of the workers ``names`` (default: all of
-    ``cfg.workers``, in order), as ``{"text", "label"}`` lines; a real cluster then gives each
-    node its own file (``workers[].data``). A file is rewritten, atomically, only when its
-    content changed, so cutting again reports what changed.
+    from ``data.path`` in a simulated cluster of ``cfg.workers``, as ``{"text", "label"}``
+    lines; a real cluster then gives each node its own file (``workers[].data``). ``names``
+    picks whose files to write (default: every worker's); the cut is always among all of
+    ``cfg.workers``, so one worker's file can be made again alone. Only a config without a
+    worker list cuts among ``names``. A file is rewritten, atomically, only when its content
+    changed, so cutting again reports what changed.
 
     Raises
     ------
     ConfigError
-        No workers, a name given twice, or one that is not a plain file name.
+        No workers, a name given twice, one that is not a plain file name, or one that is not
+        among the config's workers.
     DataError
         The dataset cannot be read, or a shard its worker could not use (a one-vs-rest shard
         without the positive class); nothing is written then.
@@ -195,10 +198,17 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
         if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
             raise ConfigError(f"{cfg.source}: workers: {name!r} cannot name a shard file")
     cut = copy.deepcopy(cfg)
-    known = {w.name: w for w in cfg.workers}
-    # every named worker takes its share of data.path, whatever file of its own it has now
-    cut.workers = [replace(known[n], data=None) if n in known else WorkerConfig(name=n)
-                   for n in names]
+    if cfg.workers:
+        # A name outside the list used to become the list: its file then held every document.
+        strangers = [n for n in names if n not in {w.name for w in cfg.workers}]
+        if strangers:
+            raise ConfigError(f"{cfg.source}: workers: {', '.join(strangers)} "
+                              f"{'is' if len(strangers) == 1 else 'are'} not among the "
+                              f"cluster's workers ({', '.join(w.name for w in cfg.workers)})")
+        # every worker takes its share of data.path, whatever file of its own it has now
+        cut.workers = [replace(w, data=None) for w in cfg.workers]
+    else:
+        cut.workers = [WorkerConfig(name=n) for n in names]
     texts: dict[str, str] = {}
     report = ShardReport()
     for name in names:

@@ -394,11 +394,11 @@ def shard(config: str, data_path: str | None, out_dir: str, as_json: bool,
     """Cut each worker's share of a dataset into its own file, for a real cluster.
 
     Worker WORKER's file holds exactly the documents it would take from the dataset in
-    `fedctl run` with these workers (default: the config's workers, in order), as
-    {text, label} lines; copy it to the worker's node and name it in workers[].data or
-    `fedctl worker --data`. Files whose content did not change are left alone. A shard its
-    worker could not use (one-vs-rest without the positive class) stops the command before
-    anything is written.
+    `fedctl run` of the config's workers, as {text, label} lines; copy it to the worker's node
+    and name it in workers[].data or `fedctl worker --data`. Name workers to write only
+    their files (default: every worker's). Files whose content did not change are left
+    alone. A shard its worker could not use (one-vs-rest without the positive class) stops
+    the command before anything is written.
     """
     from common.config import ConfigError, load_config
     from common.data.shards import write_shards
