@@ -99,6 +99,11 @@ def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
     if (out / "model.json").exists() and not overwrite:
         raise ConfigError(f"{where} holds a finished run; pass --overwrite to replace it, or "
                           f"choose another --output")
+    if ((out / "checkpoint.npz").is_file() and not (out / "summary.json").is_file()
+            and not overwrite):  # (Ctrl-C, a dead worker: its checkpoint is all that is left)
+        raise ConfigError(f"{where} holds a stopped run that can be resumed (fedctl master "
+                          f"--config {out / 'cluster.yaml'} --resume); pass --overwrite to "
+                          f"replace it, or choose another --output")
     return out
 
 

@@ -200,6 +200,8 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
                 folder.name.endswith(".failed") and summary is None):
             # (a failed run resumed to its end has its summary and no note: finished)
             state = "failed"
+            if summary is None and (folder / "checkpoint.npz").is_file():
+                state = "failed, resumable"  # stopped by Ctrl-C, a dead worker, the deadline
         elif summary is not None and (folder / "model.npz").is_file():
             state = "finished"
         elif is_locked(folder / C.MASTER_LOCK):  # its master holds the lock while it lives
@@ -210,7 +212,7 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
         # A stopped master's events say nothing of how long it lived (one that waited twelve
         # minutes for its workers showed 1.8 s); a running one's wall is its time so far.
         start = started(folder)
-        wall = (wall_time(folder) if state in ("finished", "failed")
+        wall = (wall_time(folder) if state in ("finished", "failed", "failed, resumable")
                 else time.time() - start if state == "running" and start is not None
                 else None)
         family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))

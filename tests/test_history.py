@@ -63,18 +63,37 @@ def test_new_runs_get_new_folders_and_latest_follows_the_finished(tmp_path: Path
     assert (runs / "latest").resolve() == done.resolve()
 
 
+def test_a_stopped_run_that_can_be_resumed_is_not_replaced_without_overwrite(
+        tmp_path: Path) -> None:
+    """Ctrl-C leaves <output>.failed with its checkpoint and the command to resume it; a
+    `fedctl run -o` into it replaced it, checkpoint and all."""
+    from common.config import parse_config
+
+    stopped = _run_dir(tmp_path, "out.failed", finished=False)
+    cfg = parse_config({"output_dir": str(stopped)})
+    with pytest.raises(ConfigError, match="holds a stopped run that can be resumed"):
+        output_folder(cfg)
+    assert output_folder(cfg, overwrite=True) == stopped
+
+
 def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     _run_dir(runs, "20260101T000000Z-aaaaaa", finished=False)
     done = _run_dir(runs, "20260102T000000Z-bbbbbb", finished=True)
     failed = _run_dir(runs, "20260103T000000Z-cccccc.failed", finished=False)
     (failed / "FAILED").write_text("exit code 1\n")
+    # Stopped by Ctrl-C with its checkpoint: failed, and still resumable.
+    stopped = _run_dir(runs, "20260104T000000Z-dddddd.failed", finished=False, checkpoint=True)
+    (stopped / "FAILED").write_text("interrupted\n")
+    (failed / "checkpoint.npz").unlink()
     point_history_link(runs / "latest", done)
     listed = list_runs(runs)
     assert [e["path"].name for e in listed] == ["20260101T000000Z-aaaaaa",
                                                 "20260102T000000Z-bbbbbb",
-                                                "20260103T000000Z-cccccc.failed"]
-    assert [e["state"] for e in listed] == ["stopped, resumable", "finished", "failed"]
+                                                "20260103T000000Z-cccccc.failed",
+                                                "20260104T000000Z-dddddd.failed"]
+    assert [e["state"] for e in listed] == ["stopped, resumable", "finished", "failed",
+                                            "failed, resumable"]
     assert listed[1]["score"] == "macro-F1 0.7000" and listed[1]["wall_s"] == 3.5
     assert listed[0]["wall_s"] is None  # its events say nothing of how long its master lived
     # A master alive in it holds its lock: running, its wall the time since it began.
@@ -142,7 +161,7 @@ def test_a_failed_run_resumed_to_its_end_is_listed_finished(tmp_path: Path) -> N
     still = _run_dir(runs, "other.failed", finished=False)
     (still / "FAILED").write_text("exit code 143\n")
     states = {e["path"].name: e["state"] for e in list_runs(runs)}
-    assert states == {"out.failed": "finished", "other.failed": "failed"}
+    assert states == {"out.failed": "finished", "other.failed": "failed, resumable"}
     assert resumed.is_dir()
 
 
