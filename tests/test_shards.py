@@ -122,6 +122,21 @@ def test_fedctl_data_shard(tmp_path: Path) -> None:
     assert not (out / "w7.jsonl").exists()
 
 
+def test_fedctl_check_refuses_a_single_class_for_the_classifier(tmp_path: Path) -> None:
+    """`check` said valid, and `fedctl run` started the cluster before the master failed on
+    'need at least 2 classes'."""
+    data = tmp_path / "one.jsonl"
+    data.write_text("".join(json.dumps({"text": f"document number {i}", "label": "X"}) + "\n"
+                            for i in range(60)))
+    config = _config(tmp_path, path=str(data), task="multiclass")
+    result = run_fedctl("check", "--config", str(config))
+    assert result.returncode == 1, result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {config}: data: the workers' training documents hold 1 class(es) (X) and the "
+        "classifier needs at least 2: another data.path, or data.task one_vs_rest with "
+        "data.positive"]
+
+
 def test_fedctl_check_accepts_a_good_file(tmp_path: Path) -> None:
     config = _config(tmp_path)
     result = run_fedctl("check", "--config", str(config), "--json")

@@ -6,7 +6,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from common.config import ClusterConfig, build_params
+from common.config import ClusterConfig, ConfigError, build_params
+from common.data.reading import make_task
+from common.data.shards import LocalData
 from common.models.mlp_params import MLPParams
 from common.net import errors
 from common.net.wire import ProtocolError
@@ -37,6 +39,25 @@ class MLPServer(ServerFamily):
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
         self.params = build_params(MLPParams, cfg.family_params, f"{cfg.source}: model")
+
+    def check_shards(self, shards: Mapping[str, LocalData]) -> None:
+        """The class list the setup will agree on, from the workers' training labels: fewer
+        than two classes, or more than ``model.max_classes``, is a one-line error before
+        anything starts (not the master's failure after the cluster has)."""
+        d = self.cfg.data
+        classes: set[str] = set()
+        for shard in shards.values():
+            labels = [shard.dataset.labels[i] for i in shard.train_index]
+            classes.update(make_task(labels, task=d.task, positive=d.positive)[1])
+        if len(classes) < 2:
+            raise ConfigError(f"{self.cfg.source}: data: the workers' training documents hold "
+                              f"{len(classes)} class(es) ({', '.join(sorted(classes)) or 'none'})"
+                              f" and the classifier needs at least 2: another data.path, or "
+                              f"data.task one_vs_rest with data.positive")
+        if len(classes) > self.params.max_classes:
+            raise ConfigError(f"{self.cfg.source}: model.max_classes: the workers' training "
+                              f"documents hold {len(classes)} classes, more than "
+                              f"{self.params.max_classes}")
 
     def warm_up(self) -> None:
         import common.models.mlp  # noqa: F401  (torch: 1-2 s, not while workers wait)
