@@ -417,7 +417,10 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
     names = [w.name for w in cfg.workers]
     if not names:
         fail(ConfigError(f"{cfg.source}: workers: no workers to make keys for"))
-    written = write_keys(folder, names, overwrite=force)
+    try:
+        written = write_keys(folder, names, overwrite=force)
+    except OSError as exc:  # a folder not writable, a path through a file
+        fail(OSError(f"{exc.filename or folder}: cannot write ({exc.strerror or exc})"))
     click.echo(f"{len(written)} key file(s) written to {folder} "
                f"(master + {len(names)} worker(s); existing keys kept unless --force).")
     click.echo(f"Copy to the master's node: {folder / 'master.key_secret'} and "

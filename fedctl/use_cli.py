@@ -308,11 +308,32 @@ def init(family: str, output: str, force: bool) -> None:
     inside = here == EXAMPLES.parent or EXAMPLES.parent in here.parents
     text = text.replace("../data/", (os.path.relpath(data, here) if inside else str(data)) + "/")
     text = text.replace("../runs/", "runs/")
-    # Its header's "Run:" line names the new file, not the example it came from.
+    # Its header's "Run:" line names the new file, not the example it came from; its "Then:"
+    # paths are from here, where the user types them: the runs beside the new file, the
+    # bundled data where it is.
     text = text.replace(f"--config examples/{source.name}", f"--config {target}")
-    atomic_write_bytes(target, text.encode())
+    runs_here = _from_here(target.resolve().parent / "runs" / "latest")
+    data_here = _from_here(data)
+    text = "".join(
+        line.replace(" runs/latest", f" {runs_here}").replace(" data/", f" {data_here}/")
+        if line.startswith("#") else
+        line.replace("   # relative to this file", "") if not inside else line
+        for line in text.splitlines(keepends=True))
+    try:
+        atomic_write_bytes(target, text.encode())
+    except OSError as exc:  # a folder not writable, a path through a file
+        file = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        fail(OSError(f"{target}: cannot write ("
+                     + (f"{file} is a file, not a folder" if file else exc.strerror or str(exc))
+                     + ")"))
     click.echo(f"wrote {target} ({family}, from examples/{source.name}); next: "
                f"fedctl check --config {target} && fedctl run --config {target}")
+
+
+def _from_here(path: Path) -> str:
+    """``path`` as typed from the working folder: relative below it, absolute elsewhere."""
+    rel = os.path.relpath(path)
+    return str(path) if rel == ".." or rel.startswith("../") else rel
 
 
 COMMANDS = (predict, topics, show, runs_cmd, plot, init)

@@ -811,6 +811,22 @@ def test_a_run_whose_output_reader_left_trains_to_its_end(make_config: MakeConfi
     assert (tmp_path / "out" / "model.npz").is_file()
 
 
+def test_init_and_keygen_that_cannot_write_say_so_in_one_line(tmp_path: Path) -> None:
+    """A folder that cannot be written, or a path through a file: a traceback before."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    made = _fedctl("init", "-o", str(blocker / "cluster.yaml"))
+    assert made.returncode == 1
+    assert made.stderr.strip().splitlines() == [
+        f"Error: {blocker / 'cluster.yaml'}: cannot write ({blocker} is a file, not a folder)"]
+    config = tmp_path / "cluster.yaml"
+    assert _fedctl("init", "-o", str(config)).returncode == 0
+    keys = _fedctl("keygen", "-c", str(config), "--dir", str(blocker / "keys"))
+    assert keys.returncode == 1
+    assert len(keys.stderr.strip().splitlines()) == 1 and "cannot write" in keys.stderr, (
+        keys.stderr)
+
+
 @pytest.mark.parametrize("family", ["mlp", "nmf", "prodlda", "combinedtm", "fstc", "lda",
                                     "sentencelda"])
 def test_init_writes_a_config_that_checks_and_names_itself(family: str, tmp_path: Path) -> None:
@@ -829,6 +845,11 @@ def test_init_writes_a_config_that_checks_and_names_itself(family: str, tmp_path
     assert f"examples/{STARTERS[family]}" not in text
     run_lines = [line for line in text.splitlines() if line.startswith("#") and "Run:" in line]
     assert run_lines and all(f"--config {target}" in line for line in run_lines), run_lines
+    # Its "Then:" line reads the runs beside the new file (it named runs/latest of wherever
+    # the user stood), and any bundled data where it is.
+    for line in (line for line in text.splitlines() if line.startswith("#") and "Then:" in line):
+        paths = [Path(w) for w in line.split() if "/" in w]
+        assert paths and all(p.exists() or p == tmp_path / "runs" / "latest" for p in paths), line
     checked = _fedctl("check", "--config", str(target), "--no-ports")
     assert checked.returncode == 0, checked.stderr
     assert f"valid. Family {family}" in checked.stdout
