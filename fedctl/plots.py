@@ -82,7 +82,7 @@ def _label(run_dir: Path) -> str:
     """What tells runs apart in a legend: family, strategy, and the folder's name."""
     cfg = _config(run_dir)
     if cfg is None:  # its name will do
-        return run_dir.name
+        return run_dir.resolve().name
     from fedctl.runs import strategy_name
 
     name = strategy_name(cfg)
@@ -156,7 +156,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
                                          f" ({len(members)} seeds)" if seeds == len(members)
                                          else f" ({len(members)} runs, {seeds} seed(s))")
             if len(groups) > 1 and len({_label(m) for g in groups.values() for m in g}) == 1:
-                name = ", ".join(m.name for m in members)  # same family and strategy
+                # same family and strategy; a history link (runs/latest) by its run's name
+                name = ", ".join(m.resolve().name for m in members)
             means = [_mean_curve(data[m]["per_worker"]) for m in members
                      if data[m]["per_worker"]]
             if means:

@@ -375,9 +375,9 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
     while True:
         time.sleep(POLL_S)
         for e in (e for e in tail.new_events() if e["event"] == "round"):
-            f1 = e.get("mean_macro_f1")
-            said = [f"F1 {f1:.3f}, {1000 * e['overhead_s']:.1f} ms overhead"
-                    if f1 is not None else ""]
+            f1 = e.get("mean_macro_f1")  # of the model the round started from
+            said = ([f"F1 at round start {f1:.3f}"] if f1 is not None else []) + [
+                f"{1000 * e['overhead_s']:.1f} ms overhead"]
             said += [f"{label} {e[key]:.2f}" for key, label in
                      (("epsilon", "ε"), ("client_epsilon", "client ε")) if e.get(key) is not None]
             if bar.total is not None and bar.n >= bar.total:
