@@ -381,7 +381,8 @@ def run(config: str, overrides: tuple[str, ...], workers: int | None, rounds: in
         from fedctl.run import run_local_cluster
         from master.preflight import preflight
 
-        preflight(cfg)  # what `fedctl check` checks, before any process starts
+        for note in preflight(cfg).family.notes:  # what `fedctl check` checks, before any
+            click.echo(f"Note: {note}", err=True)  # process starts
         code = run_local_cluster(cfg, progress=progress, log_level=log_level,
                                  overwrite=overwrite)
     except (ConfigError, ValueError, OSError) as exc:
@@ -448,10 +449,13 @@ def keygen(config: str, keys_dir: str | None, workers: int | None, force: bool) 
                    "as `fedctl worker --id NAME` will read them.")
 @click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --id: the worker's own JSONL, as given to `fedctl worker --data`.")
+@click.option("--workers", "-n", "n_workers", type=int, default=None,
+              help="Check as `fedctl run --workers N` will run it: w1..wN.")
+@click.option("--rounds", type=int, default=None, help="Override the number of rounds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
           worker_id: str | None, data: str | None, display_name: str | None,
-          as_json: bool) -> None:
+          n_workers: int | None, rounds: int | None, as_json: bool) -> None:
     """Check a cluster.yaml and what it points to, as `fedctl master` and `fedctl worker` will.
 
     Reads the file (a key written twice is an error naming both lines), builds the family,
@@ -468,7 +472,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     try:
         if data is not None and worker_id is None:
             raise click.UsageError("--data needs --id (the worker whose documents they are)")
-        cfg = load_config(config, overrides)
+        cfg = _load(config, n_workers, rounds, overrides=overrides)
         if family:
             from master.preflight import preflight
 
@@ -484,6 +488,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     from worker.families import client_family_class
 
     own_rule = family and server_family_class(cfg).own_rule is not None
+    notes = found.family.notes if found is not None else []
     summary = {"config": display_name or config, "family": cfg.family,
                "strategy": ("its own rule" if own_rule else "dpfedavg"
                             if cfg.privacy.client_dp is not None else cfg.strategy["name"]),
@@ -569,7 +574,7 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                f"{summary['strategy']}{'' if family else ', not built'}), {cfg.rounds} rounds, "
                f"{len(cfg.workers)} worker(s) ({', '.join(summary['workers']) or _ANY}), "
                f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}"
-               f"{taken}{keys}")
+               f"{taken}{keys}" + "".join(f" Note: {n}." for n in notes))
 
 
 #: What `check` says of a config that lists no worker.

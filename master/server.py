@@ -109,6 +109,8 @@ class Master:
         self.cfg = cfg
         self.ctx = ctx or zmq.Context.instance(io_threads=C.MASTER_IO_THREADS)
         self.family: ServerFamily = make_server_family(cfg)
+        for note in self.family.notes:
+            log.warning("%s", note)
         self.family.warm_up()
         self.run_id = secrets.token_hex(4)
         # A new one at every start of the process: workers that see it change re-register.

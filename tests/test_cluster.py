@@ -255,7 +255,8 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
                    "--threads", "--log-level")),
     (("run",), ("--config", "--workers", "--rounds", "--output", "--progress", "--no-progress",
                 "--log-level")),
-    (("check",), ("--config", "--family", "--no-family", "--id", "--data", "--as", "--json")),
+    (("check",), ("--config", "--family", "--no-family", "--id", "--data", "--as", "--workers",
+                  "--rounds", "--json")),
     (("data", "shard"), ("--config", "--data", "--out", "--json", "[WORKER]...")),
 ])
 def test_help(args: tuple[str, ...], mentions: tuple[str, ...]) -> None:

@@ -811,6 +811,18 @@ def test_a_run_whose_output_reader_left_trains_to_its_end(make_config: MakeConfi
     assert (tmp_path / "out" / "model.npz").is_file()
 
 
+def test_check_takes_run_s_workers_and_rounds_and_says_what_a_sync_budget_drops(
+        tmp_path: Path) -> None:
+    """prodlda's rounds not a multiple of a synchronized step's: said in master.log only, and
+    `check` had no --rounds to try it with."""
+    checked = _fedctl("check", "--config", str(ROOT / "examples" / "prodlda_sync.yaml"),
+                      "--rounds", "7", "--workers", "2", "--no-ports")
+    assert checked.returncode == 0, checked.stderr
+    assert "7 rounds, 2 worker(s) (w1, w2)" in checked.stdout
+    assert ("Note: rounds 7 is not a multiple of 5 (rounds per synchronized step of prodlda): "
+            "the run stops after 1 step(s), 5 rounds.") in checked.stdout
+
+
 def test_init_and_keygen_that_cannot_write_say_so_in_one_line(tmp_path: Path) -> None:
     """A folder that cannot be written, or a path through a file: a traceback before."""
     blocker = tmp_path / "a_file"

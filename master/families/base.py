@@ -105,6 +105,9 @@ class ServerFamily(ABC):
         self.strategy = strategy
         self.global_: Payload = Payload()
         self.setup_info_: dict[str, Any] = {}
+        #: What the user should know of the settings without their being wrong (logged by the
+        #: master; `fedctl check` and `fedctl run` print them too).
+        self.notes: list[str] = []
 
     def warm_up(self) -> None:
         """Load what :meth:`setup` will need (a model's library), at the master's start: once

@@ -88,9 +88,10 @@ class ProdLDAServer(VocabularyServer):
                               f"synchronized step of {self.name}, which takes {per_step} rounds "
                               f"(set rounds to at least {per_step}, or model.mode: fedavg)")
         if cfg.rounds % per_step:
-            log.warning("%s: rounds %d is not a multiple of %d (rounds per synchronized step): "
-                        "the run stops after %d step(s)", self.name, cfg.rounds, per_step,
-                        cfg.rounds // per_step)
+            steps = cfg.rounds // per_step
+            self.notes.append(f"rounds {cfg.rounds} is not a multiple of {per_step} (rounds per "
+                              f"synchronized step of {self.name}): the run stops after "
+                              f"{steps} step(s), {steps * per_step} rounds")
         self.model_: NeuralTopicModel | None = None
         self._adam_copy = OptimizerCopy()  # the savepoint's, reused step after step
         self.changes_: list[float] = []
