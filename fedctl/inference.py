@@ -57,6 +57,14 @@ def _known(bow: Any) -> np.ndarray:
     return np.asarray(bow.sum(axis=1)).ravel().astype(int)
 
 
+def _blank(texts: Texts) -> list[bool]:
+    """Which documents hold no text at all (features given instead of texts: none): a model
+    would still give them a confident label, that of the embedding of nothing."""
+    if _is_features(texts):
+        return [False] * len(texts)
+    return [not t.strip() for t in _texts(texts)]
+
+
 def _is_features(x: Any) -> bool:
     """A numeric array is features; an array of strings (``np.array(texts)``) is texts."""
     return isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
@@ -154,9 +162,10 @@ class Classifier(TrainedModel):
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
         proba = self.predict_proba(texts, progress)
-        return [{"label": self.classes_[int(p.argmax())],
+        return [{"label": None, "proba": None, "empty": True} if blank else
+                {"label": self.classes_[int(p.argmax())],
                  "proba": {c: round(float(v), 6) for c, v in zip(self.classes_, p, strict=True)}}
-                for p in proba]
+                for p, blank in zip(proba, _blank(texts), strict=True)]
 
 
 class Clusterer(TrainedModel):
@@ -197,8 +206,9 @@ class Clusterer(TrainedModel):
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
         proba = self.predict_proba(texts, progress)
-        return [{"cluster": int(p.argmax()), "proba": [round(float(v), 6) for v in p]}
-                for p in proba]
+        return [{"cluster": None, "proba": None, "empty": True} if blank else
+                {"cluster": int(p.argmax()), "proba": [round(float(v), 6) for v in p]}
+                for p, blank in zip(proba, _blank(texts), strict=True)]
 
 
 class TopicModel(TrainedModel):

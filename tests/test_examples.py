@@ -128,6 +128,10 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         assert topics.returncode == 0, topics.stderr
         assert len(topics.stdout.splitlines()) == len(lines[0]["mixture"])
     _agrees_with_the_cluster(family, out, summary)
+    if family == "fstc":  # no text, no cluster
+        from fedctl import load_model
+
+        assert load_model(out).records([""]) == [{"cluster": None, "proba": None, "empty": True}]
     if family in ("mlp", "nmf"):
         _misused(out, docs, tmp_path)
     if tracked:
@@ -162,6 +166,9 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
         (record,) = model.records([" "])
         assert record["topic"] is None and record["known_words"] == 0
         return
+    # No text: no label (it was the label of the embedding of nothing, at full confidence).
+    blank, real = model.records(["  ", "a document about a bus"])
+    assert blank == {"label": None, "proba": None, "empty": True} and real["label"]
 
     def fedctl(*args: str) -> str:
         result = CliRunner().invoke(main, list(args), prog_name="fedctl")
