@@ -86,6 +86,10 @@ def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         return out.parent / f"{stamp}-{secrets.token_hex(3)}"
     where = f"{cfg.source}: output_dir: {out}"
+    longest = os.pathconf(out.parent, "PC_NAME_MAX") if out.parent.is_dir() else 255
+    if len(out.name.encode()) + len(".partial") > longest:  # (the run is made in <out>.partial)
+        raise ConfigError(f"{where}: its name is {len(out.name.encode())} bytes long, and the "
+                          f"run is made in <name>.partial: at most {longest - 8} here")
     if out == out.parent:
         raise ConfigError(f"{where} is the root folder; choose a folder for the run")
     if out.exists() and not out.is_dir():

@@ -74,6 +74,11 @@ def test_a_stopped_run_that_can_be_resumed_is_not_replaced_without_overwrite(
     with pytest.raises(ConfigError, match="holds a stopped run that can be resumed"):
         output_folder(cfg)
     assert output_folder(cfg, overwrite=True) == stopped
+    # A name the file system takes, but not with .partial after it: said, not Errno 36.
+    long = parse_config({"output_dir": str(tmp_path / ("a" * 250))})
+    with pytest.raises(ConfigError, match="its name is 250 bytes long, and the run is made in "
+                                          "<name>.partial: at most 247 here"):
+        output_folder(long)
 
 
 def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
