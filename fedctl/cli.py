@@ -484,13 +484,13 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
         raise click.ClickException(text.replace(config, display_name) if display_name
                                    else text) from None
     from common.privacy.dp import describe
+    from fedctl.runs import strategy_name
     from master.families import server_family_class
     from worker.families import client_family_class
 
-    own_rule = family and server_family_class(cfg).own_rule is not None
     notes = found.family.notes if found is not None else []
     summary = {"config": display_name or config, "family": cfg.family,
-               "strategy": ("its own rule" if own_rule else "dpfedavg"
+               "strategy": (strategy_name(cfg) if family else "dpfedavg"
                             if cfg.privacy.client_dp is not None else cfg.strategy["name"]),
                "rounds": cfg.rounds,
                "workers": [w.name for w in cfg.workers], "master": cfg.master.rep_endpoint,

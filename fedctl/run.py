@@ -412,10 +412,12 @@ def _print_results(out: Path) -> None:
     if rounds:
         durations = [e["duration_s"] for e in rounds]
         overheads = [e["overhead_s"] for e in rounds]
+        median = statistics.median(durations)
         print(f"{wall:.1f} s from the master's start to its end, {len(rounds)} round(s): "
               f"training {sum(durations):.2f} s, median round "
-              f"{1000 * statistics.median(durations):.1f} ms, median overhead (round - slowest "
-              f"worker's training) {1000 * statistics.median(overheads):.2f} ms")
+              + (f"{median:.2f} s" if median >= 1 else f"{1000 * median:.1f} ms")
+              + f", median overhead (round - slowest worker's training) "
+              f"{1000 * statistics.median(overheads):.2f} ms")
         cpu = round_cpu(events)
         if cpu and len(cpu) == len(rounds):  # every process here: what a round cost the machine
             cores, median = usable_cores(), statistics.median(cpu.values())
@@ -424,7 +426,11 @@ def _print_results(out: Path) -> None:
                   f"follow each other faster than every {1000 * median / cores:.1f} ms")
     trained = json.loads((out / "summary.json").read_text()).get("trained", {})
     seen = sum(e.get("n_samples", 0) for e in events if e["event"] == "worker_round")
-    print("trained: " + ", ".join(f"{n} {unit}" for unit, n in trained.items())
-          + f"; the updates' weights sum to {seen} (training documents, tokens for lda; "
-            f"each worker's once a round, whatever its local epochs)")
+    family = str(json.loads((out / "model.json").read_text()).get("family", "")
+                 ) if (out / "model.json").is_file() else ""
+    weights = "tokens" if family in ("lda", "sentencelda") else "training documents"
+    print("trained: " + ", ".join(f"{n} {unit.removesuffix('s') if n == 1 else unit}"
+                                  for unit, n in trained.items())
+          + f"; the updates' weights sum to {seen} ({weights}, each worker's once a round, "
+            f"whatever its local epochs)")
     print(f"model, metrics, comparison and logs in {out}")

@@ -152,6 +152,8 @@ def strategy_name(cfg: ClusterConfig) -> str:
         own = None
     if own is not None:
         return "its own rule"
+    if cfg.family in ("prodlda", "combinedtm") and cfg.family_params.get("mode", "sync") == "sync":
+        return "synchronous steps"  # gradients summed, one Adam step at the master: no strategy
     # client_dp replaces the strategy with DP-FedAvg (master.families), as check says.
     return "dpfedavg" if cfg.privacy.client_dp is not None else str(cfg.strategy.get("name"))
 

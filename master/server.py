@@ -1005,9 +1005,10 @@ class Master:
         due = every and (last or (rnd.number % every == 0 and self._checkpoints.ready()))
         if every and not due and rnd.number % every == 0 and not self._budget_logged:
             self._budget_logged = True
-            log.info("a checkpoint takes %.2f s to write: skipping rounds' checkpoints to keep "
-                     "writing under %g %% of the time (checkpoint_budget)",
-                     self._checkpoints.last_write_s, 100 * self.cfg.checkpoint_budget)
+            log.info("a checkpoint takes %.1f ms to write, and rounds come faster: skipping "
+                     "rounds' checkpoints to keep writing under %g %% of the time "
+                     "(checkpoint_budget)", 1000 * self._checkpoints.last_write_s,
+                     100 * self.cfg.checkpoint_budget)
         ckpt = self._checkpoint(events) if due else None  # the state as this round left it
         hopeless = self._secure_hopeless(secure, now, checkpointed=ckpt is not None)
         if hopeless is not None:

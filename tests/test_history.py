@@ -156,6 +156,11 @@ def test_a_runs_label_names_what_aggregated_and_copies_are_not_seeds(tmp_path: P
     assert strategy_name(load_config(lda / "cluster.yaml")) == "its own rule"
     assert _label(lda) == "lda (its own rule)" and _label(mlp) == "mlp fedavg"
     assert _seed(lda) == _seed(copy) != _seed(mlp)
+    # prodlda's default mode sums gradients and steps Adam at the master: no strategy either.
+    ntm = tmp_path / "ntm"
+    ntm.mkdir()
+    (ntm / "cluster.yaml").write_text("workers: [w1]\nmodel: {family: prodlda}\n")
+    assert _label(ntm) == "prodlda synchronous steps"
 
 
 def test_a_failed_run_resumed_to_its_end_is_listed_finished(tmp_path: Path) -> None:
