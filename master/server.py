@@ -151,7 +151,8 @@ class Master:
         self.refused: dict[str, Counter] = defaultdict(Counter)  # worker -> code -> count
         self.excluded: dict[str, str] = {}  # worker -> why it takes no further part
         self._silent: Counter = Counter()  # rounds in a row a live participant sent nothing
-        self._abstained: Counter = Counter()  # abstentions since a step last completed
+        self._abstained: Counter = Counter()  # abstentions not yet forgiven
+        self._steps_since_forgiven: Counter = Counter()  # toward forgiving the next one
         self._reports_taken: Counter = Counter()  # final reports kept, by worker
         self._registrations: dict[str, list[float]] = {}  # logged ones, by worker (monotonic)
         self._rates = RateLimiter(C.REQUEST_RATE, C.REQUEST_BURST)
@@ -976,9 +977,12 @@ class Master:
         aggregate_time = time.perf_counter() - t0
         stepped = aggregated and next(iter(self.family.trained(self.version + 1).values())
                                       ) > progress
-        if stepped:  # a step completed: its workers' past abstentions are forgiven
-            for wid in rnd.results:
-                self._abstained.pop(wid, None)
+        if stepped:  # a step completed: one abstention of its workers' forgiven every few
+            for wid in (w for w in rnd.results if self._abstained[w] > 0):
+                self._steps_since_forgiven[wid] += 1
+                if self._steps_since_forgiven[wid] >= C.ABSTAIN_FORGIVEN_AFTER_STEPS:
+                    self._steps_since_forgiven[wid] = 0
+                    self._abstained[wid] -= 1
         elif rnd.mid_step:
             # An update screened out of a later round of a step of several makes the step start
             # again, as an abstention does: counted alike, else one member's outlier every step
@@ -988,7 +992,7 @@ class Master:
                 self._abstained[wid] += 1
                 if self._abstained[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:
                     self._exclude(wid, f"its updates were left out {self._abstained[wid]} "
-                                       f"times with no step completed (ABSTAIN_LIMIT)")
+                                       f"times, not forgiven by steps completed (ABSTAIN_LIMIT)")
         if aggregated:  # else nothing usable came: the next round starts from the same model
             self.version += 1
         events = self._round_events(rnd, aggregate_time, missing)
@@ -1154,9 +1158,14 @@ class Master:
             if self.family.abstained(r) or _abstains(rnd, wid):
                 self._abstained[wid] += 1
         for wid in sorted(set(self._silent) | set(self._abstained)):
-            n = max(self._silent[wid], self._abstained[wid])
-            if n >= C.ABSTAIN_LIMIT and wid not in self.excluded:
-                self._exclude(wid, f"sent nothing usable {n} times in a row (ABSTAIN_LIMIT)")
+            if wid in self.excluded:
+                continue
+            if self._silent[wid] >= C.ABSTAIN_LIMIT:
+                self._exclude(wid, f"sent nothing usable {self._silent[wid]} times in a row "
+                                   f"(ABSTAIN_LIMIT)")
+            elif self._abstained[wid] >= C.ABSTAIN_LIMIT:
+                self._exclude(wid, f"abstained {self._abstained[wid]} times, not forgiven by "
+                                   f"steps completed (ABSTAIN_LIMIT)")
 
     def _next_round(self, last: bool) -> None:
         if last:

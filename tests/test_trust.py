@@ -663,6 +663,45 @@ def test_a_member_that_keeps_its_reveal_back_is_excluded(
     assert master.summary.get("rounds") == rounds and "failed" not in master.summary
 
 
+def test_a_member_that_abstains_twice_a_step_is_excluded(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """w1 abstains from each step's last phase twice, then takes part: every abstention used
+    to be forgiven when the step completed, so it was never excluded while each of its steps
+    was redone twice, and the job's round budget ran out at a third of its steps."""
+    from common.models.ntm_sync_bn import ABSTAIN, N_PHASES
+    from worker.client import Worker
+    from worker.families.base import FitResult
+    from worker.families.ntm import ProdLDAClient
+
+    fit = ProdLDAClient.fit
+    last_phase = []
+
+    def abstains_twice(self, round_, meta, arrays):  # only w1 runs in this process
+        if int(meta.get("phase", 0)) == N_PHASES - 1:
+            last_phase.append(round_)
+            if len(last_phase) % 3:
+                return FitResult({ABSTAIN: np.zeros(0)}, 1, {"abstain": 1.0})
+        return fit(self, round_, meta, arrays)
+
+    monkeypatch.setattr(ProdLDAClient, "fit", abstains_twice)
+    steps = 4
+    config = _config(make_config, tmp_path, rounds=N_PHASES * steps, min_workers=2,
+                     model={"family": "prodlda", "vocab_size": 500})
+    procs.master(config)
+    hostile, errors = Worker(load_config(config), "w1"), []
+    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
+    thread.start()
+    procs.worker(config, "w2")
+    procs.worker(config, "w3")
+    codes = procs.wait_all(timeout=240)
+    thread.join(timeout=30)
+    assert codes == {"master": 0, "w2": 0, "w3": 0}, procs.logs_tail()
+    summary = json.loads((Path(load_config(config).output_dir) / "summary.json").read_text())
+    assert "not forgiven by steps completed" in summary["excluded"]["w1"], summary["excluded"]
+    assert summary["trained"]["steps"] == steps, summary["trained"]
+
+
 def _catch(run: Any, errors: list[BaseException]) -> None:
     try:
         run()
