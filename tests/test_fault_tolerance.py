@@ -189,6 +189,21 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
     assert (tmp_path / "latest").resolve() == out.resolve()
 
 
+def test_a_worker_stopped_by_ctrl_c_says_so_as_the_master_does(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """Ctrl-C in a worker's terminal: click's "Aborted!" and status 1 before; now one line and
+    128 + SIGINT, as the master."""
+    cfg = make_config(tmp_path, workers=2, min_workers=2, join_timeout=120)
+    procs.master(cfg)
+    worker = procs.worker(cfg, "w1")
+    wait_for(lambda: "registered w1:" in procs.log("master"), 60, "w1 to register")
+    worker.send_signal(signal.SIGINT)
+    assert worker.wait(timeout=30) == 128 + signal.SIGINT
+    assert procs.log("w1").strip().splitlines()[-1] == (
+        "Error: w1 stopped by SIGINT; the same command starts it again, and it rejoins the job "
+        "from its snapshot")
+
+
 def test_two_workers_started_with_one_id(tmp_path: Path, make_config: MakeConfig,
                                         procs: Procs) -> None:
     """The same `--id` given twice: both used to train, one refused round after round (and its
