@@ -519,11 +519,9 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                     f"{sa.threshold if sa.threshold is not None else 'a majority'}, "
                     f"{'every pair' if sa.neighbours is None else f'{sa.neighbours} neighbours'}"
                     f", {clip_text})")
-    laplace = None
-    if cfg.family in ("lda", "sentencelda"):  # on by default (ε 11); 0 or null turns it off
-        from common.models.lda_mh import LDAParams
+    from common.privacy.laplace import laplace_epsilon
 
-        laplace = cfg.family_params.get("epsilon", LDAParams.epsilon)
+    laplace = laplace_epsilon(cfg.family, cfg.family_params)
     if laplace:
         said.append(f"iFTM's Laplace noise (ε {laplace:g}) on each party's document–topic "
                     f"counts")

@@ -110,6 +110,10 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
         table += (f"\n\nPrivacy: the federated model at {', '.join(spent)}, δ {privacy['delta']:g}"
                   f"{'; ' + privacy['stopped'] if privacy.get('stopped') else ''}. The local "
                   f"and centralized baselines are trained without differential privacy.")
+    if run.get("laplace_epsilon"):
+        table += (f"\n\nPrivacy: each party's document–topic counts carried Laplace noise of "
+                  f"ε {run['laplace_epsilon']:g} (iFTM) before anything left it; the local "
+                  f"baseline runs the same noisy sampler.")
     atomic_write_bytes(out / "comparison.md", (table + "\n").encode())
     _write_json(out / "comparison.json", {"per_worker": rows, "pooled": sim.get("pooled")})
     summary = {**run, "comparison": rows, "pooled": sim.get("pooled"),

@@ -39,6 +39,7 @@ from common.net.transport import (
     send_error,
 )
 from common.net.wire import Message, ProtocolError
+from common.privacy.laplace import laplace_epsilon
 from common.runlog import MetricsLog, RoundLines, read_metrics
 from common.secagg.protocol import round_context
 from common.secagg.ring import ring_bits
@@ -1285,6 +1286,7 @@ class Master:
                     self.run_id)
         trained = self.family.trained(self.version)
         unit, count = next(iter(trained.items()))
+        laplace = laplace_epsilon(self.cfg.family, self.cfg.family_params)
         self.summary, table = write_results(
             self.out, self.family, {w: s.report for w, s in self.workers.items()},
             self.cfg.baselines,
@@ -1295,7 +1297,8 @@ class Master:
                 if count == 0 else {}),
              "refused": self._refusals(), "excluded": dict(self.excluded),
              **({"privacy": self.privacy.summary(self.version)}
-                if self.cfg.privacy.any else {})},
+                if self.cfg.privacy.any else {}),
+             **({"laplace_epsilon": laplace} if laplace else {})},
             self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         note = self.out / C.FAILED_NOTE

@@ -128,6 +128,12 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         assert topics.returncode == 0, topics.stderr
         assert len(topics.stdout.splitlines()) == len(lines[0]["mixture"])
     _agrees_with_the_cluster(family, out, summary)
+    if family in ("lda", "sentencelda"):  # the noise the topics were made under, said
+        from common.privacy.laplace import laplace_epsilon
+
+        eps = laplace_epsilon(family, load_config(out / "cluster.yaml").family_params)
+        assert eps and summary["laplace_epsilon"] == eps
+        assert f"Laplace noise of ε {eps:g} (iFTM)" in (out / "comparison.md").read_text()
     if family == "fstc":  # no text, no cluster
         from fedctl import load_model
 

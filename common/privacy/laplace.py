@@ -14,7 +14,21 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["laplace_noise", "privatize"]
+__all__ = ["laplace_epsilon", "laplace_noise", "privatize"]
+
+#: The families whose parties perturb their counts with :func:`privatize`.
+LAPLACE_FAMILIES = ("lda", "sentencelda")
+
+
+def laplace_epsilon(family: str, params: dict) -> float | None:
+    """ε of the Laplace noise a job of ``family`` with model ``params`` applies (on by default
+    for the iFTM families, ε 11; 0 or null turns it off); None for none."""
+    if family not in LAPLACE_FAMILIES:
+        return None
+    from common.models.lda_mh import LDAParams
+
+    eps = params.get("epsilon", LDAParams.epsilon)
+    return float(eps) if eps else None
 
 
 def laplace_noise(shape: tuple[int, ...], epsilon: float, rng: np.random.Generator
