@@ -260,11 +260,18 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
             shutil.rmtree(old, ignore_errors=True)
         else:
             failed = final.with_name(f"{final.name}.failed-{secrets.token_hex(3)}")
+    logs = staging / "logs"
+    started = logs.is_dir() and any(logs.iterdir())  # (Ctrl-C while embedding: none yet)
     if why is None:
-        why = "see logs/ (" + ("interrupted" if code > 128 else "a process failed") + ")"
+        what = "interrupted" if code > 128 else "a process failed"
+        why = (f"see logs/ ({what})" if started
+               else f"{what} before the cluster started (no process logs)")
     (staging / C.FAILED_NOTE).write_text(f"exit code {code}: {why}\n")
     staging.rename(failed)
-    log.error("the run failed; its logs are in %s", failed / "logs")
+    if started:
+        log.error("the run failed; its logs are in %s", failed / "logs")
+    else:
+        log.error("the run failed before the cluster started: %s", failed)
     _moved_to(staging, failed)
 
 

@@ -81,6 +81,24 @@ def test_a_stopped_run_that_can_be_resumed_is_not_replaced_without_overwrite(
         output_folder(long)
 
 
+def test_a_run_stopped_before_its_cluster_started_does_not_point_at_empty_logs(
+        tmp_path: Path) -> None:
+    """Ctrl-C while the documents are embedded: the FAILED note said "see logs/" of a folder
+    with no log in it."""
+    from fedctl.run import _keep_failed
+
+    for name, logged in (("early", False), ("late", True)):
+        staging = tmp_path / f"{name}.partial"
+        (staging / "logs").mkdir(parents=True)
+        if logged:
+            (staging / "logs" / "master.log").write_text("...\n")
+        _keep_failed(staging, tmp_path / name, 130)
+        note = (tmp_path / f"{name}.failed" / "FAILED").read_text().strip()
+        assert note == ("exit code 130: see logs/ (interrupted)" if logged else
+                        "exit code 130: interrupted before the cluster started (no process "
+                        "logs)")
+
+
 def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     _run_dir(runs, "20260101T000000Z-aaaaaa", finished=False)
