@@ -219,6 +219,10 @@ SECAGG_MAX_ATTEMPTS = 3
 #: so one member sending such updates would otherwise stall it until its round budget ran
 #: out, with nothing trained and no reason given.
 SECAGG_MAX_REFUSED_SUMS = 5
+#: A secure sum's weights may add up to this many times its members (at most 1 each) before
+#: one is known to be out of range: the quantization's rounding, each member's at most
+#: 1/levels, is far below it.
+SECURE_WEIGHT_SLACK = 1.01
 #: Sets of threshold-many shares tried to open a secret one of whose shares is forged (the
 #: first ones, in order: a few members' worth of combinations; Lagrange on 32-byte numbers).
 SECAGG_MAX_SUBSETS = 1000

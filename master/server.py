@@ -1104,7 +1104,7 @@ class Master:
         survivors = sa.u3
         before, back = self.family.global_, self.family.savepoint()
         try:
-            arrays = self.family.secure_result(sa.sum_, sa.n_max)
+            arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors))
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors),

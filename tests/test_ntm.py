@@ -533,7 +533,7 @@ def test_master_redoes_a_secure_step_a_worker_drops_out_of_or_abstains_in() -> N
             vecs.append(ntm_secure.worker_vector(nodes[w], ph, up, 8, first.arrays,
                                                  getattr(steps[w], "n_union", 0.0)))
         assert server.secure_size() == vecs[0].size
-        arrays = server.secure_result(np.sum(vecs, axis=0), 1)
+        arrays = server.secure_result(np.sum(vecs, axis=0), 1, len(who))
         server.check_update(arrays)
         # An abstainer says so in the clear: the master names it in the result.
         return server.aggregate(1, [ClientResult("secure-sum", arrays, 8 * len(who),

@@ -94,6 +94,32 @@ def test_to_vector_weights_clips_and_from_sum_averages() -> None:
     np.testing.assert_allclose(avg["a"], 0.01, atol=1e-4)
 
 
+def test_a_secure_sum_whose_weights_exceed_its_members_is_refused() -> None:
+    """A member's masked input can hold any weight (about 2n - 1 at most, where an honest one
+    is at most 1): the sum hides which member, but weights adding up to more than the members
+    could send are refused."""
+    from common.config import parse_config
+    from master.families import Payload
+    from master.families.mlp import MLPServer
+    from master.strategies import make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2", "w3"], "privacy": {
+        "secure_aggregation": {"threshold": 2, "clip": 1.0}}}, "<test>")
+    server = MLPServer(cfg, make_strategy("fedavg"))
+    base = {"a": np.zeros(4, np.float32)}
+    server.global_ = Payload({}, base)
+    honest = [to_vector({"a": np.full(4, 0.1, np.float32)}, base, w, clip=1.0)[0]
+              for w in (1.0, 0.5)]
+    avg = server.secure_result(_ring_sum(honest, 1.0), n_max=10, members=2)
+    np.testing.assert_allclose(avg["a"], 0.1, atol=1e-6)
+    # A hand-made input: its weight's ring element past the top level an honest one reaches.
+    L = levels(2, 64)
+    total = quantize(honest[0], 1.0, L, 64) + quantize(honest[1], 1.0, L, 64)
+    total[-1] += np.uint64(2 * L)  # two levels' widths more: weight + 4
+    with pytest.raises(ValueError, match="more than 2 members can send"):
+        server.secure_result(dequantize_sum(total, 2, 1.0, L), n_max=10, members=2)
+
+
 def _ring_sum(vectors: list[np.ndarray], clip: float) -> np.ndarray:
     """What the master unmasks from these inputs in the 64-bit ring (the masks cancel: tested
     above), as floats."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from common import constants as C
 from common.aggregate import all_finite
 from common.config import ClusterConfig
 from common.data.shards import LocalData, local_data, sentence_features, simulated
@@ -92,13 +93,23 @@ class ServerFamily(ABC):
         assert sa is not None
         return bits, sa.clip
 
-    def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+    def secure_result(self, total: np.ndarray, n_max: int, members: int
+                      ) -> dict[str, np.ndarray]:
         """The round's aggregate input from the unmasked float sum of the workers' secure
-        inputs (the client half's ``secure_vector``): by default the weighted average model,
-        handed to :meth:`aggregate` as the one result."""
+        inputs (the client half's ``secure_vector``) of ``members`` workers: by default the
+        weighted average model, handed to :meth:`aggregate` as the one result.
+
+        Each member's weight is at most 1 (its samples over the largest registration's), so
+        weights summing to more than the members can send betray one sent out of range, which
+        the sum hides: refused (ValueError). A member can still claim more than its share up
+        to the others' headroom; inside a sum nothing finer can be checked."""
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
-        return from_sum(total, self.global_.arrays, sa.clip)[0]
+        average, weights = from_sum(total, self.global_.arrays, sa.clip)
+        if weights > members * C.SECURE_WEIGHT_SLACK:
+            raise ValueError(f"the weights sum to {weights:.4g}, more than {members} members "
+                             f"can send (at most 1 each): a member's weight is out of range")
+        return average
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         self.cfg = cfg

@@ -262,7 +262,8 @@ class FSTCServer(ServerFamily):
     def secure_size(self) -> int:
         return centers_size(self.n_clusters, self.dim, bool(self.global_.meta.get("final")))
 
-    def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+    def secure_result(self, total: np.ndarray, n_max: int, members: int
+                      ) -> dict[str, np.ndarray]:
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
         return centers_from_sum(total, self.n_clusters, self.dim,

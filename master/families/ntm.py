@@ -129,9 +129,10 @@ class ProdLDAServer(VocabularyServer):
         assert self.model_ is not None
         return ntm_secure.vector_size(self.model_, self._secure_phase(), self.params.batch_stats)
 
-    def secure_result(self, total: np.ndarray, n_max: int) -> dict[str, np.ndarray]:
+    def secure_result(self, total: np.ndarray, n_max: int, members: int
+                      ) -> dict[str, np.ndarray]:
         if self.params.mode != "sync":
-            return super().secure_result(total, n_max)
+            return super().secure_result(total, n_max, members)
         assert self.model_ is not None
         return ntm_secure.read_sum(self.model_, self._secure_phase(), total,
                                    self.params.batch_stats)
