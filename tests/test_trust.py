@@ -545,7 +545,6 @@ def test_secure_sums_refused_round_after_round_end_the_job_saying_why(
     fails after SECAGG_MAX_REFUSED_SUMS refused sums in a row, saying why."""
     from common import constants as C
     from common.models.ntm_sync_bn import N_PHASES
-    from worker.client import Worker
     from worker.families.base import FitResult
     from worker.families.ntm import ProdLDAClient
 
@@ -562,13 +561,7 @@ def test_secure_sums_refused_round_after_round_end_the_job_saying_why(
     config = _config(make_config, tmp_path, workers=2, rounds=N_PHASES * 5, min_workers=2,
                      model={"family": "prodlda", "vocab_size": 500},
                      privacy={"secure_aggregation": {"threshold": 2}})
-    procs.master(config)
-    hostile, errors = Worker(load_config(config), "w1"), []
-    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
-    thread.start()
-    procs.worker(config, "w2")
-    codes = procs.wait_all(timeout=240)
-    thread.join(timeout=30)
+    codes = _beside_a_hostile_w1(procs, config, ("w2",))
     assert codes == {"master": 1, "w2": 3}, procs.logs_tail()
     failed = procs.log("master").strip().splitlines()[-1]
     assert failed.startswith(f"Error: the last {C.SECAGG_MAX_REFUSED_SUMS} secure sums could "
@@ -586,7 +579,6 @@ def test_a_member_excluded_in_a_secure_step_does_not_end_the_master(
     among them, and the master ended in a KeyError; now the step starts again without it."""
     from common.models.ntm_sync_bn import N_PHASES
     from common.net import transport
-    from worker.client import Worker
 
     request = transport.LazyPirateClient.request
     sent: dict[str, Any] = {}
@@ -606,14 +598,7 @@ def test_a_member_excluded_in_a_secure_step_does_not_end_the_master(
                          rounds=N_PHASES * 2, min_workers=2,
                          model={"family": "prodlda", "vocab_size": 500},
                          privacy={"secure_aggregation": {"threshold": 2}})
-    procs.master(config)
-    hostile, errors = Worker(load_config(config), "w1"), []
-    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
-    thread.start()
-    procs.worker(config, "w2")
-    procs.worker(config, "w3")
-    codes = procs.wait_all(timeout=240)
-    thread.join(timeout=30)
+    codes = _beside_a_hostile_w1(procs, config, ("w2", "w3"))
     assert sent.get("again") == 3
     assert codes == {"master": 0, "w2": 0, "w3": 0}, procs.logs_tail()
     log = procs.log("master")
@@ -670,7 +655,6 @@ def test_a_member_that_abstains_twice_a_step_is_excluded(
     to be forgiven when the step completed, so it was never excluded while each of its steps
     was redone twice, and the job's round budget ran out at a third of its steps."""
     from common.models.ntm_sync_bn import ABSTAIN, N_PHASES
-    from worker.client import Worker
     from worker.families.base import FitResult
     from worker.families.ntm import ProdLDAClient
 
@@ -688,18 +672,28 @@ def test_a_member_that_abstains_twice_a_step_is_excluded(
     steps = 4
     config = _config(make_config, tmp_path, rounds=N_PHASES * steps, min_workers=2,
                      model={"family": "prodlda", "vocab_size": 500})
-    procs.master(config)
-    hostile, errors = Worker(load_config(config), "w1"), []
-    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
-    thread.start()
-    procs.worker(config, "w2")
-    procs.worker(config, "w3")
-    codes = procs.wait_all(timeout=240)
-    thread.join(timeout=30)
+    codes = _beside_a_hostile_w1(procs, config, ("w2", "w3"))
     assert codes == {"master": 0, "w2": 0, "w3": 0}, procs.logs_tail()
     summary = json.loads((Path(load_config(config).output_dir) / "summary.json").read_text())
     assert "not forgiven by steps completed" in summary["excluded"]["w1"], summary["excluded"]
     assert summary["trained"]["steps"] == steps, summary["trained"]
+
+
+def _beside_a_hostile_w1(procs: Procs, config: Path, honest: tuple[str, ...]
+                         ) -> dict[str, int]:
+    """The master and the ``honest`` workers as processes, w1 on a thread of this process (its
+    code monkeypatched by the test); their exit codes once all have ended."""
+    from worker.client import Worker
+
+    procs.master(config)
+    hostile, errors = Worker(load_config(config), "w1"), []
+    thread = threading.Thread(target=lambda: _catch(hostile.run, errors), daemon=True)
+    thread.start()
+    for w in honest:
+        procs.worker(config, w)
+    codes = procs.wait_all(timeout=240)
+    thread.join(timeout=30)
+    return codes
 
 
 def _catch(run: Any, errors: list[BaseException]) -> None:
