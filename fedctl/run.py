@@ -87,9 +87,10 @@ def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
         return out.parent / f"{stamp}-{secrets.token_hex(3)}"
     where = f"{cfg.source}: output_dir: {out}"
     longest = os.pathconf(out.parent, "PC_NAME_MAX") if out.parent.is_dir() else 255
-    if len(out.name.encode()) + len(".partial") > longest:  # (the run is made in <out>.partial)
-        raise ConfigError(f"{where}: its name is {len(out.name.encode())} bytes long, and the "
-                          f"run is made in <name>.partial: at most {longest - 8} here")
+    if len(out.name.encode()) + NAME_SUFFIX_BYTES > longest:
+        raise ConfigError(f"{where}: its name is {len(out.name.encode())} bytes long, and fedctl "
+                          f"names folders beside it after it (<name>.partial, "
+                          f"<name>.failed-<id>): at most {longest - NAME_SUFFIX_BYTES} here")
     if out == out.parent:
         raise ConfigError(f"{where} is the root folder; choose a folder for the run")
     if out.exists() and not out.is_dir():
@@ -103,12 +104,20 @@ def output_folder(cfg: ClusterConfig, overwrite: bool = False) -> Path:
     if (out / "model.json").exists() and not overwrite:
         raise ConfigError(f"{where} holds a finished run; pass --overwrite to replace it, or "
                           f"choose another --output")
-    if ((out / "checkpoint.npz").is_file() and not (out / "summary.json").is_file()
-            and not overwrite):  # (Ctrl-C, a dead worker: its checkpoint is all that is left)
-        raise ConfigError(f"{where} holds a stopped run that can be resumed (fedctl master "
-                          f"--config {out / 'cluster.yaml'} --resume); pass --overwrite to "
-                          f"replace it, or choose another --output")
+    # (Ctrl-C, a dead worker: its checkpoint is all that is left; a failed run replaces the
+    # <out>.failed beside it)
+    for stopped in (out, out.with_name(out.name + ".failed")):
+        if resumable(stopped) and not overwrite:
+            raise ConfigError(f"{cfg.source}: output_dir: {stopped} holds a stopped run that can "
+                              f"be resumed (fedctl master --config {stopped / 'cluster.yaml'} "
+                              f"--resume), which this run would replace; pass --overwrite to "
+                              f"let it, or choose another --output")
     return out
+
+
+def resumable(folder: Path) -> bool:
+    """Whether ``folder`` holds a run that stopped with a checkpoint and no results yet."""
+    return (folder / "checkpoint.npz").is_file() and not (folder / "summary.json").is_file()
 
 
 def resume_folder(link: Path) -> Path:
@@ -223,6 +232,11 @@ def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
         os.close(fd)  # the lock goes with it
 
 
+#: The most bytes fedctl adds to the output folder's name for a folder beside it (the longest:
+#: an earlier failed run moved aside, ".<name>.failed.old-<8 hex>").
+NAME_SUFFIX_BYTES = len("..failed.old-") + 8
+
+
 def _aside(path: Path, suffix: str) -> Path:
     """A free hidden name beside ``path`` to move it to before deleting it: never the name of
     something of the user's."""
@@ -254,7 +268,7 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
         return
     failed = final.with_name(final.name + ".failed")
     if failed.exists():
-        if is_run_folder(failed):
+        if is_run_folder(failed) and not resumable(failed):
             old = _aside(failed, ".old")
             failed.rename(old)
             shutil.rmtree(old, ignore_errors=True)

@@ -74,11 +74,16 @@ def test_a_stopped_run_that_can_be_resumed_is_not_replaced_without_overwrite(
     with pytest.raises(ConfigError, match="holds a stopped run that can be resumed"):
         output_folder(cfg)
     assert output_folder(cfg, overwrite=True) == stopped
-    # A name the file system takes, but not with .partial after it: said, not Errno 36.
-    long = parse_config({"output_dir": str(tmp_path / ("a" * 250))})
-    with pytest.raises(ConfigError, match="its name is 250 bytes long, and the run is made in "
-                                          "<name>.partial: at most 247 here"):
+    # A name the file system takes, but not with what fedctl puts after it for the folders
+    # beside it: said, not Errno 36 (after all the training, when it was .old-<id>).
+    long = parse_config({"output_dir": str(tmp_path / ("a" * 240))})
+    with pytest.raises(ConfigError, match="its name is 240 bytes long, and fedctl names folders "
+                                          r"beside it after it .*: at most 234 here"):
         output_folder(long)
+    # A stopped run beside: its <out>.failed, which the next failure there would replace.
+    beside = parse_config({"output_dir": str(tmp_path / "out")})
+    with pytest.raises(ConfigError, match=r"out.failed holds a stopped run that can be resumed"):
+        output_folder(beside)
 
 
 def test_a_run_stopped_before_its_cluster_started_does_not_point_at_empty_logs(
@@ -97,6 +102,12 @@ def test_a_run_stopped_before_its_cluster_started_does_not_point_at_empty_logs(
         assert note == ("exit code 130: see logs/ (interrupted)" if logged else
                         "exit code 130: interrupted before the cluster started (no process "
                         "logs)")
+    # A later failure beside a resumable one keeps it (it was replaced, checkpoint and all).
+    (tmp_path / "late.failed" / "checkpoint.npz").write_bytes(b"x")
+    (tmp_path / "late.partial" / "logs").mkdir(parents=True)
+    _keep_failed(tmp_path / "late.partial", tmp_path / "late", 1)
+    assert (tmp_path / "late.failed" / "checkpoint.npz").is_file()
+    assert len(list(tmp_path.glob("late.failed-*"))) == 1
 
 
 def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
