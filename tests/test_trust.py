@@ -703,7 +703,8 @@ def _catch(run: Any, errors: list[BaseException]) -> None:
         errors.append(exc)
 
 
-def _small_sync_prodlda_master(mode: str = "sync", strategy: str = "fedavg") -> Any:
+def _small_sync_prodlda_master(mode: str = "sync", strategy: str = "fedavg",
+                               **privacy: Any) -> Any:
     """The master's half of a synchronized-batch-norm prodlda job of two workers (or, with
     ``mode`` fedavg, of averaged weights), set up in this process (30 words each, 50 agreed,
     3 topics)."""
@@ -711,7 +712,7 @@ def _small_sync_prodlda_master(mode: str = "sync", strategy: str = "fedavg") -> 
     from master.families.ntm import ProdLDAServer
     from master.strategies import make_strategy
 
-    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10,
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10, "privacy": privacy,
                         "model": {"family": "prodlda", "n_topics": 3, "vocab_size": 50,
                                   "min_df": 1, "mode": mode}}, "<test>")
     server = ProdLDAServer(cfg, make_strategy(strategy))
@@ -882,6 +883,28 @@ def test_a_negative_running_variance_is_refused_and_never_published(strategy: st
                for n, a in server.global_.arrays.items()}
         out = server.aggregate(1, [ClientResult("w1", low, 5), ClientResult("w2", low, 5)])
         assert all((out.arrays[n] >= 0).all() for n in variances)
+
+
+def test_a_secure_sums_rounding_below_zero_of_a_variance_is_not_refused() -> None:
+    """A 16-bit ring (float16 or int8 compression) rounds by about 4e-4 at clip 8: honest
+    variances of 1e-5 averaged to -1.7e-4, and the whole sum was refused as holding a negative
+    variance (five in a row end the job)."""
+    from common.secagg.ring import dequantize_sum, levels, quantize, to_vector
+    from master.families.ntm import RUNNING_VAR
+
+    server = _small_sync_prodlda_master(mode="fedavg",
+                                        secure_aggregation={"threshold": 2, "clip": 8.0})
+    base = {n: (np.full_like(a, 2e-4) if n.endswith(RUNNING_VAR) else a)
+            for n, a in server.global_.arrays.items()}
+    server.global_ = type(server.global_)(server.global_.meta, base)
+    honest = {n: (np.full_like(a, 1e-5) if n.endswith(RUNNING_VAR) else a)
+              for n, a in base.items()}
+    L = levels(3, 16)
+    ring = sum(quantize(to_vector(honest, base, 1.0, clip=8.0)[0], 8.0, L, 16)
+               for _ in range(3))
+    out = server.secure_result(dequantize_sum(ring, 3, 8.0, L), n_max=5, members=3)
+    server.check_update(out)  # refused before: "holds negative values"
+    assert all((out[n] >= 0).all() for n in out if n.endswith(RUNNING_VAR))
 
 
 def test_fstc_start_counts_past_the_registered_documents_are_refused(
