@@ -69,7 +69,9 @@ def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
                               f"workers, more data, or another data.test_fraction)")
         found.documents[wid] = (shard.n_train, len(shard.test_index))
         found.labelled = found.labelled and shard.labelled
-    if shards and worker is None:  # (one worker's documents alone say nothing of the union's)
+    # One worker's documents alone say nothing of the union's (the classes, the vocabulary
+    # the workers will agree on), nor do those here when some workers' files are elsewhere.
+    if shards and worker is None and not found.not_here:
         family.check_shards(shards)
     if ports and binds_here(cfg):
         check_ports_free(cfg)

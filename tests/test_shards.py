@@ -137,6 +137,23 @@ def test_fedctl_check_refuses_a_single_class_for_the_classifier(tmp_path: Path) 
         "data.positive"]
 
 
+def test_check_of_the_union_waits_for_every_workers_documents(tmp_path: Path) -> None:
+    """The master's node holds w1's file only (w2's and w3's are on their nodes): one class
+    there says nothing of the union, so the class check is left to the master's setup."""
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps({"text": f"document number {i}", "label": "X"}) + "\n"
+                           for i in range(60)))
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({
+        "workers": [{"name": "w1", "data": str(one)},
+                    {"name": "w2", "data": "/elsewhere/w2.jsonl"},
+                    {"name": "w3", "data": "/elsewhere/w3.jsonl"}],
+        "output_dir": str(tmp_path / "out"), "data": {"task": "multiclass"}}))
+    result = run_fedctl("check", "--config", str(config), "--no-ports")
+    assert result.returncode == 0, result.stderr
+    assert "w2, w3: own file not on this host, not read" in result.stdout
+
+
 def test_fedctl_check_accepts_a_good_file(tmp_path: Path) -> None:
     config = _config(tmp_path)
     result = run_fedctl("check", "--config", str(config), "--json")
