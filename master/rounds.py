@@ -61,6 +61,9 @@ class RoundState:
     #: Participants fixed by the family (a later round of a step that spans several): one of
     #: them missing, or left out, makes the step start again.
     mid_step: bool = False
+    #: A member of that step was excluded since it began: the step is redone, and nobody's
+    #: abstention in this round is counted.
+    step_broken: bool = False
     bytes_in: int = 0
     broadcast_bytes: int = 0
     publish_time: float = 0.0

@@ -860,13 +860,16 @@ class Master:
 
     def _start_round(self, now: float) -> None:
         fixed = self.family.participants()  # a step of several rounds keeps its workers
+        broken = False
         if fixed is not None:
             # Less any excluded since (one that registered again mid-round): the family then
             # sees a member missing from the step and starts it again.
-            fixed = [w for w in fixed if w in self.workers] or self._sample()
+            kept = [w for w in fixed if w in self.workers]
+            broken = kept != fixed
+            fixed = kept or self._sample()
         rnd = RoundState(self.round, now, now + self.cfg.round_deadline,
                          self._sample() if fixed is None else fixed,
-                         mid_step=fixed is not None)
+                         mid_step=fixed is not None, step_broken=broken)
         self.open = rnd
         if self.cfg.privacy.secure_aggregation is not None:
             self._start_secure(rnd, attempt=1)
@@ -1156,7 +1159,9 @@ class Master:
             else:
                 self._silent.pop(wid, None)
         for wid, r in rnd.results.items():
-            if self.family.abstained(r) or _abstains(rnd, wid):
+            # (a round of a step one of whose members was excluded: the rest, or workers drawn
+            # anew, may hold nothing of it, and abstain for no fault of theirs)
+            if (self.family.abstained(r) or _abstains(rnd, wid)) and not rnd.step_broken:
                 self._abstained[wid] += 1
         for wid in sorted(set(self._silent) | set(self._abstained)):
             if wid in self.excluded:
