@@ -945,21 +945,26 @@ class Master:
             sa.forged.clear()
             live = [w for w in rnd.participants if w in self.roster
                     and self.roster.alive(w, now)]
-            if (sa.stage == SECURE_FAILED and sa.attempt < C.SECAGG_MAX_ATTEMPTS
-                    and len(live) >= sa.threshold):
-                return self._restart_secure(str(sa.failure))
-        elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
-            return
-        missing = rnd.waiting()
-        withheld: list[str] = []
-        if self.secure is not None and self.secure.stage == SECURE_DONE:
             # A member whose input is in the sum but who, alive, kept its shares back held the
-            # round up for SECAGG_STAGE_TIMEOUT: silent, as one that sent nothing.
-            withheld = [w for w in self.secure.withheld
-                        if w in self.roster and self.roster.alive(w, now)]
+            # round up for SECAGG_STAGE_TIMEOUT, and may have left too few shares to unmask:
+            # silent, as one that sent nothing, once for each attempt it spoiled.
+            withheld = [w for w in sa.withheld if w in live]
             if withheld:
                 log.warning("round %d: %s revealed no shares within %gs; counted as silent",
                             rnd.number, ", ".join(withheld), C.SECAGG_STAGE_TIMEOUT)
+            if (sa.stage == SECURE_FAILED and sa.attempt < C.SECAGG_MAX_ATTEMPTS
+                    and len(live) >= sa.threshold):
+                for wid in withheld:
+                    self._silent[wid] += 1
+                    if self._silent[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:
+                        self._exclude(wid, f"revealed no shares {self._silent[wid]} times in a "
+                                           f"row (ABSTAIN_LIMIT)")
+                return self._restart_secure(str(sa.failure))
+        elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
+            return
+        else:
+            withheld = []
+        missing = rnd.waiting()
         if missing:
             dead = [w for w in missing if not (w in self.roster and self.roster.alive(w, now))]
             # Millisecond rounds would repeat the same warning hundreds of times a second while
