@@ -337,8 +337,10 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
     except JobFailed as exc:
         fail(exc, JOB_FAILED_EXIT)
     except KeyboardInterrupt:  # as the master says it (click printed "Aborted!", status 1)
+        snapshots = "cfg" in locals() and cfg.worker_snapshots
         fail(RuntimeError(f"{worker_id} stopped by SIGINT; the same command starts it again, "
-                          f"and it rejoins the job from its snapshot"), 128 + signal.SIGINT)
+                          f"and it rejoins the job"
+                          + (" from its snapshot" if snapshots else "")), 128 + signal.SIGINT)
     except (ConfigError, ValueError, OSError, TimeoutError, PeerUnreachable,
             GPUMemoryError) as exc:
         fail(exc)  # SecurityError is a ValueError

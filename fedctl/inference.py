@@ -161,6 +161,7 @@ class Classifier(TrainedModel):
         return np.asarray(self.classes_)[self.predict_proba(texts, progress).argmax(axis=1)]
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        texts = texts if _is_features(texts) else _texts(texts)  # (read twice: not a generator)
         proba = self.predict_proba(texts, progress)
         return [{"label": None, "proba": None, "empty": True} if blank else
                 {"label": self.classes_[int(p.argmax())],
@@ -205,6 +206,7 @@ class Clusterer(TrainedModel):
         return self.predict_proba(texts, progress).argmax(axis=1)
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
+        texts = texts if _is_features(texts) else _texts(texts)  # (read twice: not a generator)
         proba = self.predict_proba(texts, progress)
         return [{"cluster": None, "proba": None, "empty": True} if blank else
                 {"cluster": int(p.argmax()), "proba": [round(float(v), 6) for v in p]}

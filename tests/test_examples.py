@@ -173,7 +173,7 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
         assert record["topic"] is None and record["known_words"] == 0
         return
     # No text: no label (it was the label of the embedding of nothing, at full confidence).
-    blank, real = model.records(["  ", "a document about a bus"])
+    blank, real = model.records(t for t in ["  ", "a document about a bus"])  # (a generator)
     assert blank == {"label": None, "proba": None, "empty": True} and real["label"]
 
     def fedctl(*args: str) -> str:
