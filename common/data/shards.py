@@ -168,17 +168,18 @@ class ShardReport:
     unchanged: list[str] = field(default_factory=list)
 
 
-def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | None = None
-                 ) -> ShardReport:
+def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | None = None,
+                 among_named: bool = False) -> ShardReport:
     """Cut ``data.path`` among workers into ``out_dir/<worker>.jsonl``, one file each.
 
     Each file holds exactly the documents (training and held-out rows) the worker would take
     from ``data.path`` in a simulated cluster of ``cfg.workers``, as ``{"text", "label"}``
     lines; a real cluster then gives each node its own file (``workers[].data``). ``names``
     picks whose files to write (default: every worker's); the cut is always among all of
-    ``cfg.workers``, so one worker's file can be made again alone. Only a config without a
-    worker list cuts among ``names``. A file is rewritten, atomically, only when its content
-    changed, so cutting again reports what changed.
+    ``cfg.workers``, so one worker's file can be made again alone. A config without a worker
+    list, or ``among_named``, cuts among ``names`` (a deployment whose other workers bring
+    files of their own: ansible's shards mode). A file is rewritten, atomically, only when its
+    content changed, so cutting again reports what changed.
 
     Raises
     ------
@@ -205,8 +206,10 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
             raise ConfigError(f"{cfg.source}: workers: {', '.join(strangers)} "
                               f"{'is' if len(strangers) == 1 else 'are'} not among the "
                               f"cluster's workers ({', '.join(w.name for w in cfg.workers)})")
-        # every worker takes its share of data.path, whatever file of its own it has now
-        cut.workers = [replace(w, data=None) for w in cfg.workers]
+        known = {w.name: w for w in cfg.workers}
+        among = names if among_named else list(known)
+        # each of them takes its share of data.path, whatever file of its own it has now
+        cut.workers = [replace(known[n], data=None) for n in among]
     else:
         cut.workers = [WorkerConfig(name=n) for n in names]
     texts: dict[str, str] = {}

@@ -386,10 +386,13 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int | Non
               metavar="PATH", help="The dataset to cut [default: data.path of the config].")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
               metavar="DIR", help="Folder of the shards, one DIR/<worker>.jsonl each.")
+@click.option("--among-named", is_flag=True,
+              help="Cut the dataset among the named workers only, not all the config's (for "
+                   "a cluster whose other workers bring files of their own).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sizes, written, unchanged} as one JSON object.")
 @click.argument("workers", nargs=-1, metavar="[WORKER]...")
-def shard(config: str, data_path: str | None, out_dir: str, as_json: bool,
+def shard(config: str, data_path: str | None, out_dir: str, among_named: bool, as_json: bool,
           workers: tuple[str, ...]) -> None:
     """Cut each worker's share of a dataset into its own file, for a real cluster.
 
@@ -407,7 +410,7 @@ def shard(config: str, data_path: str | None, out_dir: str, as_json: bool,
         cfg = load_config(config)
         if data_path is not None:
             cfg.data.path = str(Path(data_path).resolve())
-        report = write_shards(cfg, out_dir, list(workers) or None)
+        report = write_shards(cfg, out_dir, list(workers) or None, among_named=among_named)
     except (ConfigError, DataError) as exc:
         raise _fail(exc) from None
     except OSError as exc:
