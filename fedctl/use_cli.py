@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,7 +43,7 @@ def _read_texts(path: str) -> list[_Document]:
     as plain text, each whole JSON line, its label included, would be embedded instead.
     """
     if path == "-":
-        data = click.get_binary_stream("stdin").read()
+        data = sys.stdin.buffer.read()  # (click's get_binary_stream is deprecated)
     else:
         with open(path, "rb") as fh:
             data = fh.read()
