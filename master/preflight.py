@@ -43,6 +43,9 @@ def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
     problem. ``ports``: also check that the master's ports are free on this host. ``worker``:
     read that worker's documents alone (a worker's node), from ``data`` when given (its
     ``--data``)."""
+    if cfg.workers and cfg.min_workers > len(cfg.workers):  # it would wait out join_timeout
+        raise ConfigError(f"{cfg.source}: min_workers: {cfg.min_workers}, more than the "
+                          f"{len(cfg.workers)} worker(s) listed")
     shared = Path(cfg.data.path)
     readers = ([w for w in cfg.workers if w.name == worker] if worker is not None
                else cfg.workers)

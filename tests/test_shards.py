@@ -154,6 +154,18 @@ def test_check_of_the_union_waits_for_every_workers_documents(tmp_path: Path) ->
     assert "w2, w3: own file not on this host, not read" in result.stdout
 
 
+def test_fedctl_check_refuses_more_min_workers_than_workers(tmp_path: Path) -> None:
+    """The master would wait out join_timeout for workers nobody lists."""
+    config = _config(tmp_path)
+    result = run_fedctl("check", "--config", str(config), "--set", "min_workers=5")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {config}: min_workers: 5, more than the 3 worker(s) listed"]
+    more = run_fedctl("check", "--config", str(config), "--set", "min_workers=5",
+                      "--workers", "6", "--no-ports")
+    assert "min_workers" not in more.stderr  # --workers 6 lists enough
+
+
 def test_fedctl_check_accepts_a_good_file(tmp_path: Path) -> None:
     config = _config(tmp_path)
     result = run_fedctl("check", "--config", str(config), "--json")
