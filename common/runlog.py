@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,29 @@ class MetricsLog:
     def write_record(self, record: Mapping[str, Any]) -> None:
         """Append an event held as one mapping (its ``event`` field and the rest)."""
         self.write(record["event"], **{k: v for k, v in record.items() if k != "event"})
+
+    def drop(self, unwanted: Callable[[Mapping[str, Any]], bool]) -> int:
+        """Remove the events for which ``unwanted`` is true (a resumed master's rounds past
+        its checkpoint, which it runs again); the file is replaced atomically. How many."""
+        from common.atomic import atomic_write_bytes
+
+        with self._lock:
+            self._fh.flush()
+            kept, dropped = [], 0
+            for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a line cut short by a kill: not an event, kept as it is
+                    record = None
+                if isinstance(record, dict) and unwanted(record):
+                    dropped += 1
+                else:
+                    kept.append(line)
+            if dropped:
+                self._fh.close()
+                atomic_write_bytes(self.path, "".join(kept).encode("utf-8"))
+                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            return dropped
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -1235,6 +1235,14 @@ class Master:
         self.errors_served = int(m.get("errors_served", 0))
         now = time.monotonic()
         done = int(m["round"])
+        # Rounds past the checkpoint that a master stopped before its next checkpoint logged
+        # (its writer logs what it holds on the way out, rather than lose it): they are run
+        # again now, and would be in the log twice.
+        again = self.metrics.drop(lambda e: e.get("event") in ("round", "worker_round")
+                                  and isinstance(e.get("round"), int) and e["round"] > done)
+        if again:
+            log.info("metrics.jsonl: %d event(s) of rounds after %d removed; those rounds are "
+                     "run again", again, done)
         # The last round's events, if the master died between its checkpoint and its log line.
         logged = {(e.get("event"), e.get("round"), e.get("worker"))
                   for e in read_metrics(self.out / "metrics.jsonl")}

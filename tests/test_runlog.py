@@ -64,3 +64,21 @@ def test_round_lines_are_paced_after_a_burst(monkeypatch: pytest.MonkeyPatch) ->
     assert lines.level(matters=True) == logging.INFO  # the last round, a missing worker
     clock[0] += 0.2
     assert lines.level() == logging.INFO and lines.level() == logging.DEBUG
+
+
+def test_drop_removes_the_events_asked_and_keeps_appending(tmp_path) -> None:
+    """What a resumed master does with the rounds past its checkpoint, which it runs again."""
+    import json
+
+    from common.runlog import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for r in (1, 2, 3):
+        log.write("round", round=r)
+        log.write("worker_round", round=r, worker="w1")
+    assert log.drop(lambda e: e.get("round", 0) > 2) == 2
+    log.write("resume", completed_round=2)
+    log.close()
+    events = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("round")) for e in events] == [
+        ("round", 1), ("worker_round", 1), ("round", 2), ("worker_round", 2), ("resume", None)]
