@@ -53,6 +53,13 @@ MAX_ROUNDS_PER_BUDGET = 2
 RUNNING_VAR = ".running_var"
 
 
+def _variances_clamped(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with every running variance at least zero (an aggregate's, not an upload's:
+    a rounding or a server optimizer's step may take an honest one below)."""
+    return {k: np.maximum(a, 0, dtype=a.dtype) if k.endswith(RUNNING_VAR) else a
+            for k, a in arrays.items()}
+
+
 class ProdLDAServer(VocabularyServer):
     """Master side of ``model: {family: prodlda}`` (see the module docstring).
 
@@ -139,8 +146,7 @@ class ProdLDAServer(VocabularyServer):
                                       self.params.batch_stats)
         # The ring's rounding (16 bits with float16 or int8 compression: about 4e-4 at clip 8)
         # can take honest small variances below zero; only a single upload's are refused.
-        return {k: np.maximum(a, 0, dtype=a.dtype) if k.endswith(RUNNING_VAR) else a
-                for k, a in out.items()}
+        return _variances_clamped(out)
 
     def trained(self, version: int) -> dict[str, int]:
         return {"steps": self.steps_, "rounds": version}
@@ -278,8 +284,7 @@ class ProdLDAServer(VocabularyServer):
         else:
             arrays = self.strategy.aggregate(before, results)
             # A server optimizer (FedAdam, FedYogi) may step a variance past zero.
-            arrays = {k: np.maximum(a, 0, dtype=a.dtype) if k.endswith(RUNNING_VAR) else a
-                      for k, a in arrays.items()}
+            arrays = _variances_clamped(arrays)
         if self.params.tol > 0 or self.params.patience > 0:  # only the stop rule needs it
             names = self.model_.param_names()
             self.changes_.append(relative_change({n: before[n] for n in names},
