@@ -140,6 +140,9 @@ REREGISTER_QUIET_S = 1.0
 #: new process token at every request would otherwise write two log lines and an event each.
 REGISTER_LOG_LIMIT = 5
 REGISTER_LOG_WINDOW_S = 60.0
+#: Workers a cluster with no worker list admits (`fedctl bench` scales to 1,000): past it a
+#: new name is refused, so that a peer making up names cannot grow the roster without bound.
+MAX_UNLISTED_WORKERS = 10_000
 #: Per-round log lines (master and workers): the first ROUND_LINES_BURST rounds each, then at
 #: most one every ROUND_LINE_INTERVAL_S (the rest at debug level; metrics.jsonl has every
 #: round). A synchronized step of 5 ms rounds wrote 180 lines a second to each process's log,

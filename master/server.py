@@ -431,6 +431,11 @@ class Master:
         if self._expected and wid not in self._expected:
             raise ProtocolError(f"worker {wid!r} is not in this cluster's worker list",
                                 code=errors.UNKNOWN_WORKER)
+        if (not self._expected and wid not in self.workers
+                and len(self.workers) >= C.MAX_UNLISTED_WORKERS):
+            raise ProtocolError(f"worker {wid!r}: this cluster has no worker list and already "
+                                f"admits {len(self.workers)} workers, its most "
+                                f"(MAX_UNLISTED_WORKERS)", code=errors.TOO_LARGE)
         allowed = self.family.info_fields
         if allowed is not None:
             unknown = sorted(str(k)[:40] for k in b["info"] if k not in allowed)

@@ -1136,3 +1136,35 @@ def test_registration_text_that_would_reach_terminals_or_trackers_is_refused() -
     with pytest.raises(ProtocolError, match="coordinate"):
         server.check_info({"n_clusters": 2, "dim": 3, "centers": [[1e100, 0.0, 0.0]],
                            "counts": [1]})
+
+
+def test_a_cluster_without_a_worker_list_admits_a_bounded_number_of_names(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With security none and no worker list any peer may register, and one that made up a
+    new name at every request grew the master's roster without bound: past
+    MAX_UNLISTED_WORKERS a new name is refused (`too_large`), the admitted ones go on."""
+    monkeypatch.setattr(C, "MAX_UNLISTED_WORKERS", 2)
+    config = make_config(tmp_path, workers=[], min_workers=5, security={"mode": "none"})
+    master, thread = _in_process_master(config)
+    rep = f"tcp://127.0.0.1:{yaml.safe_load(config.read_text())['master']['rep_port']}"
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.linger = 0
+    sock.connect(rep)
+
+    def code(worker_id: str) -> str:
+        sock.send_multipart(frames("register", {"worker_id": worker_id, "n_samples": 100,
+                                                "device": "cpu", "info": HONEST_INFO}))
+        assert sock.poll(10_000, zmq.POLLIN), "no reply"
+        header = msgpack.unpackb(sock.recv_multipart()[1])
+        return header["body"]["code"] if header["kind"] == "error" else header["kind"]
+
+    try:
+        assert [code(w) for w in ("a", "b", "c", "a", "d")] == [
+            "welcome", "welcome", "too_large", "welcome", "too_large"]
+        assert sorted(master.workers) == ["a", "b"] and thread.is_alive()
+    finally:
+        master.phase = "done"
+        thread.join(timeout=5)
+        master.close()
+        ctx.destroy(linger=0)
