@@ -1207,6 +1207,10 @@ class Master:
             # excluded worker must stay excluded).
             "excluded": dict(self.excluded), "refused": self._refusals(),
             "errors_served": self.errors_served,
+            # The counts that exclude a member (ABSTAIN_LIMIT): a resumed master that began
+            # them at zero gave a member silent or abstaining up to its limit a new allowance.
+            "misconduct": {"silent": dict(self._silent), "abstained": dict(self._abstained),
+                           "steps_since_forgiven": dict(self._steps_since_forgiven)},
             "client_rate": self.privacy.client_rate_,
             "resume_base": self.family.resume_base(self.round + 1)})
 
@@ -1238,6 +1242,11 @@ class Master:
         for w, counts in (m.get("refused") or {}).items():
             self.refused[w].update(counts)
         self.errors_served = int(m.get("errors_served", 0))
+        counts = m.get("misconduct") or {}  # (checkpoints before they were kept: none)
+        for attr, key in (("_silent", "silent"), ("_abstained", "abstained"),
+                          ("_steps_since_forgiven", "steps_since_forgiven")):
+            setattr(self, attr, Counter({str(w): int(n) for w, n in
+                                         (counts.get(key) or {}).items()}))
         now = time.monotonic()
         done = int(m["round"])
         # Rounds past the checkpoint that a master stopped before its next checkpoint logged
