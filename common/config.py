@@ -342,7 +342,8 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             f"{src}: data.proportions", "a list of numbers", data.proportions)
     _expect(_num(data.alpha) and data.alpha > 0, f"{src}: data.alpha", "a number > 0", data.alpha)
     _expect(_num(data.test_fraction) and 0 < data.test_fraction < 1, f"{src}: data.test_fraction",
-            "a number between 0 and 1", data.test_fraction)
+            "a number between 0 and 1, neither included (every worker scores the models on "
+            "its test split)", data.test_fraction)
     _expect(data.limit is None or (_int(data.limit) and data.limit > 0), f"{src}: data.limit",
             "a positive integer", data.limit)
     cfg.data = data
@@ -550,7 +551,11 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{p}: not valid YAML{line}") from None
+        # PyYAML's own words ("found character '\t' that cannot start any token") do not say
+        # what to do; a tab is the commonest cause.
+        hint = ("; YAML indents with spaces, not tabs" if "'\\t'" in str(exc.problem)
+                else "")
+        raise ConfigError(f"{p}: not valid YAML{line}{hint}") from None
     if overrides:
         if not isinstance(raw, dict | None):
             raise ConfigError(f"{p}: expected a mapping at the top level")

@@ -37,18 +37,23 @@ def _curves(events: list[dict[str, Any]], summary: dict[str, Any] | None = None
     rounds' durations and overheads."""
     rounds = [e for e in events if e.get("event") == "round"]
     workers = [e for e in events if e.get("event") == "worker_round"]
+    rows = (summary or {}).get("comparison") or []
+    # A run that scored no round (eval_every: 0) still has its final model's scores.
     score = next(((k, label) for k, label, _ in SCORES
-                  if any(isinstance(e.get(k), (int, float)) for e in workers)), None)
+                  if any(isinstance(e.get(k), (int, float)) for e in workers)), None) or next(
+        ((k, label) for k, label, _ in SCORES
+         if any(isinstance(r.get(f"federated_{k}"), (int, float)) for r in rows)), None)
     per_worker: dict[str, dict[int, float]] = defaultdict(dict)
     if score is not None:
         for e in workers:
             if isinstance(e.get(score[0]), (int, float)):
                 per_worker[e["worker"]][int(e["round"]) - 1] = float(e[score[0]])
         trained = len(rounds)
-        for row in (summary or {}).get("comparison") or []:
+        scored = set(per_worker) or {r.get("worker") for r in rows}
+        for row in rows:
             value = row.get(f"federated_{score[0]}")
-            if isinstance(value, (int, float)) and row.get("worker") in per_worker:
-                per_worker[row["worker"]][trained] = float(value)
+            if isinstance(value, (int, float)) and row.get("worker") in scored:
+                per_worker[str(row["worker"])][trained] = float(value)
     return {"score": score, "per_worker": dict(per_worker),
             "round": [int(e["round"]) for e in rounds],
             "duration": [float(e["duration_s"]) for e in rounds],
@@ -141,7 +146,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
                       label=w)
         if c["per_worker"]:
             xs, ys = _mean_curve(c["per_worker"])
-            ax_s.plot(xs, ys, lw=2.5, color="black", label="mean of the workers")
+            ax_s.plot(xs, ys, lw=2.5, color="black", label="mean of the workers",
+                      marker="o" if len(xs) == 1 else None)
         ax_t.plot(c["round"], c["duration"], marker=".", label="round")
         ax_t.plot(c["round"], c["overhead"], marker=".",
                   label="overhead (round - slowest training)")
@@ -165,7 +171,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
                 ys = np.array([[dict(zip(x, y, strict=True))[r] for r in xs] for x, y in means])
                 score = data[members[0]]["score"]
                 ax_s.plot(xs, ys.mean(0), lw=2, color=f"C{i}",
-                          label=f"{name}: {score[1]}" if mixed and score else name)
+                          label=f"{name}: {score[1]}" if mixed and score else name,
+                          marker="o" if len(xs) == 1 else None)
                 if len(means) > 1:
                     ax_s.fill_between(xs, ys.min(0), ys.max(0), color=f"C{i}", alpha=0.2)
             durs = [data[m] for m in members]
@@ -188,6 +195,14 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         ax.xaxis.get_major_locator().set_params(integer=True)
+    if all(getattr(_config(d), "eval_every", None) == 0 for d in dirs):
+        # Say why the curve is a point (or the panel empty) rather than leave it unexplained,
+        # and show the rounds from 0, not a fraction of a round around the point.
+        ax_s.set_xlim(-0.1, max(1.0, *(max(c["round"], default=0) for c in data.values()))
+                      + 0.1)
+        ax_s.text(0.5, 0.5, "eval_every: 0: no round was scored during training,\nonly the "
+                  "final model", ha="center", va="center", transform=ax_s.transAxes,
+                  color="0.35")
     # (drawn at the end of `fedctl run`, the folder still has its staging name)
     name = dirs[0].resolve().name.removesuffix(".partial")
     fig.suptitle(title or (f"{name}: {_label(dirs[0])}" if len(dirs) == 1

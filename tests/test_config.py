@@ -289,7 +289,9 @@ def test_top_level_must_be_a_mapping(tmp_path, text):
 def test_not_yaml_names_the_line(tmp_path, text, line):
     msg = config_error(write(tmp_path, text))
     assert "not valid YAML" in msg
-    assert msg.endswith(f"at line {line}"), msg
+    tab = "\t" in text
+    assert (f"at line {line}; YAML indents with spaces, not tabs" if tab
+            else f"at line {line}") == msg.rsplit(": not valid YAML ", 1)[1], msg
 
 
 def test_missing_file(tmp_path):

@@ -253,3 +253,27 @@ def test_a_failed_start_is_removed_and_a_run_that_trained_is_kept(tmp_path: Path
     for folder in (started, trained, users):
         _drop_if_nothing_trained(folder)
     assert not started.exists() and trained.is_dir() and users.is_dir()
+
+
+def test_a_run_that_scored_no_round_is_drawn_with_its_final_scores(tmp_path: Path) -> None:
+    """With eval_every: 0 no round is scored: the curves panel was bare axes with no word of
+    why. The final model's scores (summary.json) are drawn at the last round, and the panel
+    says that no round was scored."""
+    import json
+
+    from fedctl.plots import _curves, plot_runs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cluster.yaml").write_text("workers: [w1, w2]\neval_every: 0\n")
+    events = [{"event": "round", "round": r, "duration_s": 0.2, "overhead_s": 0.05}
+              for r in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    summary = {"comparison": [{"worker": "w1", "federated_macro_f1": 0.9},
+                              {"worker": "w2", "federated_macro_f1": 0.7}]}
+    (run / "summary.json").write_text(json.dumps(summary))
+    curves = _curves(events, summary)
+    assert curves["score"][0] == "macro_f1"
+    assert curves["per_worker"] == {"w1": {2: 0.9}, "w2": {2: 0.7}}
+    png = plot_runs([run], tmp_path / "curves.png")
+    assert png.stat().st_size > 10_000
