@@ -59,7 +59,8 @@ def write_model(out: Path, family: ServerFamily, cfg: ClusterConfig, rounds: int
         fedctl_version = "0.0.0+source"
     _write_json(out / "model.json", {
         "family": cfg.family, "params": cfg.family_params, "setup": family.setup_info_,
-        "meta": final.meta, "task": {"task": cfg.data.task, "positive": cfg.data.positive},
+        "meta": final.meta, "task": {"task": cfg.data.task, **(  # a multiclass model has no positive class
+            {"positive": cfg.data.positive} if cfg.data.task != "multiclass" else {})},
         "embedding": embedding_identity(cfg.data.embedding_model) if family.embeds_text
         else None, "rounds": rounds, "version": version, "run_id": run_id,
         "fedctl_version": fedctl_version})

@@ -103,6 +103,8 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
     assert (out / "curves.png").stat().st_size > 10_000
     model_json = json.loads((out / "model.json").read_text())
     assert model_json["family"] == family and model_json["fedctl_version"]
+    if example.stem == "mlp_multiclass":  # it named the config's unused positive class
+        assert model_json["task"] == {"task": "multiclass"}, model_json["task"]
     if family not in NO_CENTRALIZED:  # baselines on: the centralized column is filled
         assert all(any(v is not None for k, v in row.items() if k.startswith("centralized_"))
                    for row in summary["comparison"]), summary["comparison"]
