@@ -6,6 +6,8 @@ never starts a cluster.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import sys
@@ -32,6 +34,9 @@ class _Document(NamedTuple):
 
 #: Extensions that say JSONL whatever the first line looks like (case aside).
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: Extensions of a table with a header naming a "text" column (and maybe an "id"): read with
+#: the csv module, quoted commas and line breaks included.
+TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
 def _read_texts(path: str) -> list[_Document]:
@@ -60,6 +65,9 @@ def _read_texts(path: str) -> list[_Document]:
             lines.append((n, line))
     if not lines:
         raise ValueError(f"{path}: no documents")
+    delimiter = TABLE_DELIMITERS.get(Path(path).suffix.lower()) if path != "-" else None
+    if delimiter is not None:
+        return _read_table(path, data.decode("utf-8"), delimiter)
     jsonl = path.lower().endswith(JSONL_SUFFIXES) or _is_document_object(lines[0][1])
     if not jsonl:
         return [_Document(n, line, None) for n, line in lines]
@@ -73,6 +81,38 @@ def _read_texts(path: str) -> list[_Document]:
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
         docs.append(_Document(n, row["text"], row.get("id")))
+    return docs
+
+
+def _read_table(path: str, text: str, delimiter: str) -> list[_Document]:
+    """The ``text`` column of a CSV or TSV file with a header (and its ``id`` column, if
+    any); each document's line is the one its row begins on."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        header = [h.strip().lower() for h in next(reader)]
+    except StopIteration:
+        raise ValueError(f"{path}: no documents") from None
+    if "text" not in header:
+        raise ValueError(f"{path}:1: expected a header naming a \"text\" column (found: "
+                         f"{', '.join(h for h in header if h)[:200] or 'none'})")
+    at, id_at = header.index("text"), header.index("id") if "id" in header else None
+    docs = []
+    try:
+        begins = reader.line_num + 1  # (a blank line is a row of its own: [])
+        for row in reader:
+            line, begins = begins, reader.line_num + 1
+            if not any(cell.strip() for cell in row):
+                continue  # a blank line, as in plain text
+            if len(row) <= at:
+                raise ValueError(f"{path}:{line}: {len(row)} column(s), no \"text\" "
+                                 f"(column {at + 1})")
+            docs.append(_Document(line, row[at],
+                                  row[id_at] if id_at is not None and id_at < len(row)
+                                  else None))
+    except csv.Error as exc:
+        raise ValueError(f"{path}:{reader.line_num}: not readable as a table ({exc})") from None
+    if not docs:
+        raise ValueError(f"{path}: no documents below its header")
     return docs
 
 
@@ -99,10 +139,11 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     """Apply RUN's trained model to the documents of INPUT (JSONL with a "text" field, or
     plain text, one document a line; - reads standard input), e.g.
     `fedctl predict runs/latest docs.jsonl -o out.jsonl`. JSONL is told by the extension
-    (.jsonl, .json, .ndjson) or by a first line that is an object with a "text" string.
+    (.jsonl, .json, .ndjson) or by a first line that is an object with a "text" string; a
+    .csv or .tsv file is a table whose header names a "text" column (and maybe an "id").
 
     Writes one JSON line per document, in order, with its line in INPUT (and a JSONL
-    line's "id", if it has one): the MLP's label and class probabilities;
+    line's or table row's "id", if it has one): the MLP's label and class probabilities;
     FSTC's cluster and its probabilities; a topic model's mixture and top topics with their
     words.
     """

@@ -213,6 +213,20 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     again = CliRunner().invoke(main, ["predict", str(out), str(named), "--no-progress"],
                                prog_name="fedctl")
     assert again.stdout == shown.stdout, again.output
+    # A table: its "text" column (quoted commas and line breaks), its "id", and the line each
+    # row begins on; it was read as plain text, its header and every column embedded.
+    table = tmp_path / "docs.csv"
+    table.write_text('id,text,label\ndoc-7,a ship,x\n\n8,"a band, from\nOhio",y\n')
+    rows = [json.loads(x) for x in CliRunner().invoke(
+        main, ["predict", str(out), str(table), "--no-progress"], prog_name="fedctl"
+    ).stdout.splitlines()]
+    assert [(r["line"], r["id"]) for r in rows] == [(2, "doc-7"), (4, "8")], rows
+    assert {k: v for k, v in rows[0].items() if k not in ("line", "id")} == {
+        k: v for k, v in json.loads(shown.stdout.splitlines()[0]).items()
+        if k not in ("line", "id")}
+    (tmp_path / "no_text.tsv").write_text("a\tb\n1\t2\n")
+    assert 'no_text.tsv:1: expected a header naming a "text" column (found: a, b)' in fedctl(
+        "predict", str(out), str(tmp_path / "no_text.tsv"))
     late = tmp_path / "late.txt"
     late.write_bytes(b"a ship\n" * 999 + b"caf\xe9\n")
     assert f"{late}:1000: not UTF-8 text" in fedctl("predict", str(out), str(late))
