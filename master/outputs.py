@@ -21,6 +21,7 @@ from common.atomic import atomic_write_bytes
 from common.config import ClusterConfig, config_to_dict
 from common.constants import FAR_FROM_START_NMI
 from common.data.embedding import embedding_identity
+from common.data.shards import simulated
 from master.families import ServerFamily
 from master.report import comparison_rows, format_table
 
@@ -57,10 +58,12 @@ def write_model(out: Path, family: ServerFamily, cfg: ClusterConfig, rounds: int
         fedctl_version = importlib.metadata.version("fedctl")
     except importlib.metadata.PackageNotFoundError:
         fedctl_version = "0.0.0+source"
+    task = {"task": cfg.data.task}
+    if cfg.data.task != "multiclass":  # a multiclass model has no positive class
+        task["positive"] = cfg.data.positive
     _write_json(out / "model.json", {
         "family": cfg.family, "params": cfg.family_params, "setup": family.setup_info_,
-        "meta": final.meta, "task": {"task": cfg.data.task, **(  # a multiclass model has no positive class
-            {"positive": cfg.data.positive} if cfg.data.task != "multiclass" else {})},
+        "meta": final.meta, "task": task,
         "embedding": embedding_identity(cfg.data.embedding_model) if family.embeds_text
         else None, "rounds": rounds, "version": version, "run_id": run_id,
         "fedctl_version": fedctl_version})
@@ -86,9 +89,15 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
         if sim is None:
             log.info("%s has no centralized baseline here (a real deployment, or a family "
                      "without one): the table's centralized columns are n/a", family.name)
+    no_centralized = baselines and sim is None
     sim = sim or {}
     rows = comparison_rows(reports, sim.get("centralized"))
     table = format_table(rows, sim.get("pooled"))
+    if no_centralized:  # say why the columns are n/a, in the table a user reads
+        table += ("\n\nCentralized: n/a: the workers' documents are not all on this machine."
+                  if not simulated(family.cfg) else
+                  f"\n\nCentralized: n/a: {family.name} has no centralized baseline (the "
+                  f"local-only and federated models are compared).")
     if family.transductive:
         table += (f"\n\n{family.name} is transductive: each worker trained on all its documents "
                   f"(train and test, no label read) and is scored on all of them.")

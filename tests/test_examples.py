@@ -109,6 +109,9 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         assert all(any(v is not None for k, v in row.items() if k.startswith("centralized_"))
                    for row in summary["comparison"]), summary["comparison"]
         assert summary["pooled"]["centralized"]
+    else:  # its n/a columns are explained under the table
+        assert (f"Centralized: n/a: {family} has no centralized baseline"
+                in (out / "comparison.md").read_text())
 
     from common.config import load_config
     from common.data.shards import local_data
