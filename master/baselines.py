@@ -21,12 +21,15 @@ import numpy as np
 
 from common.data.shards import LocalData, local_data, sentence_features, simulated, worker_seed
 from common.data.text import bow_matrix
-from common.eval.topics import neural_topic_scores
+from common.eval.topics import lda_topic_scores, neural_topic_scores
 from common.models.fstc import CENTERS, score_clustering
+from common.models.iftm import topic_normalize
+from common.models.lda_mh import corpus_from_texts
 from common.models.nmf import heldout_scores
 from common.models.numerics import flush_denormals
 from master.families.base import ServerFamily
 from master.families.fstc import FSTCServer
+from master.families.lda import LDAServer
 from master.families.mlp import MLPServer
 from master.families.nmf import NMFServer
 from master.families.ntm import ProdLDAServer
@@ -205,6 +208,29 @@ def ntm_baselines(family: ProdLDAServer) -> Baselines | None:
                        "centralized": scores(central, train, test)}}
 
 
+def lda_baselines(family: LDAServer) -> Baselines | None:
+    """The same sampler, ``n_topics`` topics and total sweeps (rounds x sweeps) on all the
+    parties' training documents pooled, without the parties' Laplace noise (nothing of it
+    leaves anyone), scored as each party scores the federated model: on its test split, its
+    own documents the coherence reference. The local-only models are the parties' own (the
+    per-worker table); the federated model is composed per party, so there is no one model
+    to score on the pooled test splits."""
+    if not simulated(family.cfg) or not family.setup_info_:
+        return None
+    cfg, p = family.cfg, replace(family.params, epsilon=0.0)
+    shards, _, _ = _shards(cfg)
+    vocab = list(family.setup_info_["vocabulary"])
+    pooled = [t for s in shards.values() for t in s.train_texts]
+    model = p.model(p.n_topics, family.sentence, cfg.seed, n_iter=cfg.rounds * p.sweeps,
+                    warm_start=False).fit(corpus_from_texts(pooled, vocab))
+    topics = topic_normalize(model.components_, p.beta)
+    return {"centralized": {
+        name: lda_topic_scores(topics, corpus_from_texts(s.test_texts, vocab),
+                               bow_matrix(s.train_texts, vocab), vocab, p.alpha, p.eval_iter,
+                               cfg.seed, s.train_texts)
+        for name, s in shards.items()}, "pooled": None}
+
+
 _BASELINES: dict[type, Callable[[Any], Baselines | None]] = {
     MLPServer: mlp_baselines, NMFServer: nmf_baselines, FSTCServer: fstc_baselines,
-    ProdLDAServer: ntm_baselines}
+    ProdLDAServer: ntm_baselines, LDAServer: lda_baselines}

@@ -123,7 +123,7 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     if run.get("laplace_epsilon"):
         table += (f"\n\nPrivacy: each party's document–topic counts carried Laplace noise of "
                   f"ε {run['laplace_epsilon']:g} (iFTM) before anything left it; the local "
-                  f"baseline runs the same noisy sampler.")
+                  f"baseline runs the same noisy sampler, the centralized one none.")
     atomic_write_bytes(out / "comparison.md", (table + "\n").encode())
     _write_json(out / "comparison.json", {"per_worker": rows, "pooled": sim.get("pooled")})
     summary = {**run, "comparison": rows, "pooled": sim.get("pooled"),

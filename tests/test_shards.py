@@ -191,3 +191,22 @@ def test_fedctl_check_names_the_bad_field_in_one_line(tmp_path: Path, model: dic
     assert result.stdout == ""
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"Error: /opt/fedctl/etc/cluster.yaml: {field}"), line
+
+
+def test_a_run_on_the_workers_own_files_says_why_it_has_no_centralized_baseline(
+        tmp_path: Path) -> None:
+    """Each worker reads its own file (a real deployment's layout): nobody can pool the data,
+    and the table's centralized columns, all n/a, say so under the table."""
+    cfg = load_config(_config(tmp_path))
+    write_shards(cfg, tmp_path / "shards")
+    config = tmp_path / "own.yaml"
+    config.write_text(yaml.safe_dump({
+        "workers": [{"name": w, "data": str(tmp_path / "shards" / f"{w}.jsonl")}
+                    for w in WORKERS],
+        "model": {"family": "nmf", "n_topics": 5, "vocab_size": 300},
+        "rounds": 1, "output_dir": str(tmp_path / "out"), "baselines": True,
+        "security": {"mode": "none"}, "data": {"task": "multiclass"}}))
+    result = run_fedctl("run", "--config", str(config), "--no-progress", timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "Centralized: n/a: the workers' documents are not all on this machine." in table

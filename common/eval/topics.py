@@ -26,11 +26,12 @@ from common.data.text import make_vectorizer
 from common.eval.classification import classification_metrics
 
 if TYPE_CHECKING:
+    from common.models.lda_mh import Corpus
     from common.models.ntm import NeuralTopicModel
 
 __all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "reference_tokens",
            "gensim_coherence", "topic_diversity", "rbo", "inverted_rbo", "embedding_coherence",
-           "svm_scores", "neural_topic_scores"]
+           "svm_scores", "neural_topic_scores", "lda_topic_scores"]
 
 #: The measures :func:`gensim_coherence` computes by default.
 GENSIM_MEASURES = ("c_npmi", "c_v")
@@ -317,3 +318,26 @@ def neural_topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.c
     out.update(svm_scores(model.transform(x_train, c_train), y_train,
                           model.transform(x_test, c_test), y_test, seed))
     return {k: float(v) for k, v in out.items() if np.isfinite(v)}
+
+
+def lda_topic_scores(topic_word: np.ndarray, test: Corpus,
+                     reference_bow: sp.spmatrix | np.ndarray, vocab: list[str], alpha: float,
+                     eval_iter: int, seed: int, reference_texts: Sequence[str] | None = None
+                     ) -> dict[str, float]:
+    """An LDA model's scores (iFTM's parties and baselines): held-out log-likelihood per
+    token and perplexity (document completion) on ``test``; coherence of the top-10 words:
+    document co-occurrence NPMI on ``reference_bow`` (``npmi_doc``) and gensim's
+    sliding-window ``c_npmi`` and ``c_v`` on ``reference_texts`` (the same documents,
+    tokenized; skipped without them: seconds, so for the closing report only); topic
+    diversity of the top-10 words."""
+    from common.models.lda_mh import heldout_log_likelihood  # (numba: only where LDA runs)
+
+    ll = heldout_log_likelihood(topic_word, test, alpha, eval_iter, seed)
+    heads = top_words(topic_word, vocab, 10)
+    windows = ({} if reference_texts is None
+               else gensim_coherence(heads, reference_tokens(reference_texts, vocab)))
+    return {"heldout_ll": ll["loglik"], "heldout_ll_per_token": ll["loglik_per_token"],
+            "perplexity": ll["perplexity"],
+            "npmi_doc": npmi_coherence(heads, reference_bow, vocab),
+            **{k: v for k, v in windows.items() if np.isfinite(v)},
+            "diversity": topic_diversity(heads), "n_topics": float(topic_word.shape[0])}

@@ -40,6 +40,8 @@ class LDAServer(VocabularyServer):
     """
 
     name = "lda"
+    #: A topic per sentence (SentenceLDA), not per word.
+    sentence = False
     dp_sgd_refusal = "Gibbs sampling takes no gradients: its privacy is privacy.laplace"
     client_dp_refusal = "iFTM's merge is no average: its privacy is privacy.laplace"
     own_rule = "iFTM's merge composes the workers' topics"
@@ -150,3 +152,4 @@ class SentenceLDAServer(LDAServer):
     """Master side of ``model: {family: sentencelda}`` (the same merge and composition)."""
 
     name = "sentencelda"
+    sentence = True

@@ -12,13 +12,7 @@ import numpy as np
 from common.config import ClusterConfig, build_params
 from common.data.shards import LocalData
 from common.data.text import bow_matrix
-from common.eval.topics import (
-    gensim_coherence,
-    npmi_coherence,
-    reference_tokens,
-    top_words,
-    topic_diversity,
-)
+from common.eval.topics import lda_topic_scores
 from common.models.iftm import topic_normalize
 from common.models.lda_mh import (
     LDAMH,
@@ -26,29 +20,9 @@ from common.models.lda_mh import (
     Corpus,
     LDAParams,
     corpus_from_texts,
-    heldout_log_likelihood,
 )
 from worker.families.base import FitResult
 from worker.families.vocabulary import VocabularyClient
-
-
-def topic_scores(topic_word: np.ndarray, test: Corpus, reference_bow: Any, vocab: list[str],
-                 alpha: float, eval_iter: int, seed: int,
-                 reference_texts: Sequence[str] | None = None) -> dict[str, float]:
-    """Held-out log-likelihood per token and perplexity (document completion) on ``test``;
-    coherence of the top-10 words: document co-occurrence NPMI on ``reference_bow``
-    (``npmi_doc``) and gensim's sliding-window ``c_npmi`` and ``c_v`` on ``reference_texts``
-    (the same documents, tokenized; skipped without them: seconds, so for the closing report
-    only); topic diversity of the top-10 words."""
-    ll = heldout_log_likelihood(topic_word, test, alpha, eval_iter, seed)
-    heads = top_words(topic_word, vocab, 10)
-    windows = ({} if reference_texts is None
-               else gensim_coherence(heads, reference_tokens(reference_texts, vocab)))
-    return {"heldout_ll": ll["loglik"], "heldout_ll_per_token": ll["loglik_per_token"],
-            "perplexity": ll["perplexity"],
-            "npmi_doc": npmi_coherence(heads, reference_bow, vocab),
-            **{k: v for k, v in windows.items() if np.isfinite(v)},
-            "diversity": topic_diversity(heads), "n_topics": float(topic_word.shape[0])}
 
 
 class LDAClient(VocabularyClient):
@@ -137,9 +111,9 @@ class LDAClient(VocabularyClient):
         topics = np.asarray(arrays[TOPICS], dtype=np.float64)
         if topics.shape[0] == 0:  # round 1: nothing composed yet
             return {"n_topics": 0.0}
-        scores = topic_scores(topics, self.test_, self.reference_, self.vocabulary_,
-                              self.params.alpha, self.params.eval_iter, self.seed,
-                              reference_texts)
+        scores = lda_topic_scores(topics, self.test_, self.reference_, self.vocabulary_,
+                                  self.params.alpha, self.params.eval_iter, self.seed,
+                                  reference_texts)
         # identifies the payload in metrics.jsonl: each party's composed model differs
         scores["payload_fingerprint"] = float(
             (topics * np.arange(1, topics.shape[1] + 1)).sum() / topics.shape[0])
@@ -152,9 +126,10 @@ class LDAClient(VocabularyClient):
         model = self.params.model(k, self.sentence, self.seed,
                                   n_iter=self.cfg.rounds * self.params.sweeps,
                                   warm_start=False).fit(self.train_)
-        return topic_scores(topic_normalize(model.components_, self.params.beta), self.test_,
-                            self.reference_, self.vocabulary_, self.params.alpha,
-                            self.params.eval_iter, self.seed, self.train_texts)
+        return lda_topic_scores(topic_normalize(model.components_, self.params.beta),
+                                self.test_, self.reference_, self.vocabulary_,
+                                self.params.alpha, self.params.eval_iter, self.seed,
+                                self.train_texts)
 
 
 class SentenceLDAClient(LDAClient):
