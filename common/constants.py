@@ -54,6 +54,9 @@ LOCK_RETRY_S = 0.02
 REPORTS_FILE = "reports.jsonl"
 #: The note `fedctl run` leaves in a failed run's folder (`<output>.failed`): why it failed.
 FAILED_NOTE = "FAILED"
+#: The suffix of the folder `fedctl run` writes a run into (`<output>.partial`), renamed to
+#: `<output>` once every process has ended well.
+STAGING_SUFFIX = ".partial"
 
 #: Most arrays one message may carry.
 MAX_ARRAYS = 1024

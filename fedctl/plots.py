@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from common.constants import STAGING_SUFFIX
 from common.runlog import read_metrics
 
 #: The score a curve follows: the first of these the workers measured each round. Higher is
@@ -204,7 +205,7 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
                   "final model", ha="center", va="center", transform=ax_s.transAxes,
                   color="0.35")
     # (drawn at the end of `fedctl run`, the folder still has its staging name)
-    name = dirs[0].resolve().name.removesuffix(".partial")
+    name = dirs[0].resolve().name.removesuffix(STAGING_SUFFIX)
     fig.suptitle(title or (f"{name}: {_label(dirs[0])}" if len(dirs) == 1
                            else f"{len(dirs)} runs"))
     fig.tight_layout()

@@ -172,7 +172,7 @@ def run_local_cluster(cfg: ClusterConfig, progress: bool = True, log_level: str 
                       overwrite: bool = False) -> int:
     """Run the job; returns the exit code (0 when master and every worker succeeded)."""
     final = output_folder(cfg, overwrite)
-    staging = final.with_name(final.name + ".partial")
+    staging = final.with_name(final.name + C.STAGING_SUFFIX)
     link = Path(cfg.output_dir) if Path(cfg.output_dir).name == HISTORY_LINK else None
     with _claimed(staging, cfg):
         cfg.output_dir = str(staging)

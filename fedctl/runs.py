@@ -110,7 +110,7 @@ def _why_no_model(folder: Path) -> str:
         return f"its run failed: {why}"
     if folder.name.endswith(".failed"):
         return "its run failed"
-    if (folder / "metrics.jsonl").is_file() or folder.name.endswith(".partial"):
+    if (folder / "metrics.jsonl").is_file() or folder.name.endswith(C.STAGING_SUFFIX):
         return "its run has not finished: still running, or stopped"
     return "not a finished fedctl run"
 

@@ -1337,7 +1337,10 @@ class Master:
         if count and note.is_file():  # a failed run resumed to its end has not failed
             note.unlink()
             log.info("%s: removed; this run failed once and was resumed to its end", note)
-        log.info("results in %s\n%s", self.out, table)
+        final = self.out.name.removesuffix(C.STAGING_SUFFIX)
+        log.info("results in %s%s\n%s", self.out.with_name(final), "" if final == self.out.name
+                 else f" (this run's folder once `fedctl run` has seen every process end; "
+                 f"{self.out.name} until then)", table)
         self.phase = DONE
         # A last few announcements so workers still listening learn the job is over.
         for _ in range(3):

@@ -98,6 +98,8 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trained"][next(iter(summary["trained"]))] > 0
+    # The master's log names the folder the results are in, not the staging one it wrote.
+    assert f"results in {out} (" in (out / "logs" / "master.log").read_text()
     assert (out / "curves.png").stat().st_size > 10_000
     model_json = json.loads((out / "model.json").read_text())
     assert model_json["family"] == family and model_json["fedctl_version"]
