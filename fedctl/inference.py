@@ -117,10 +117,12 @@ class TrainedModel(ABC):
                                  f"(sha256 {expected['sha256'][:12]}), but the sentence model "
                                  f"here is {found['name']} (sha256 {found['sha256'][:12]})")
         # The backend the workers embedded with (data.embedding_backend): another one's
-        # features differ in the last digits, and its cache entry is another file.
+        # features differ in the last digits, and its cache entry is another file. The cache
+        # is read (a file the cluster trained on costs no embedding) but not written: each
+        # call on new texts left two files there, for ever.
         return embed_texts(texts, model_path=cfg.data.embedding_model,
                            cache_dir=cfg.data.cache_dir, device=self.device, progress=progress,
-                           backend=cfg.data.embedding_backend)
+                           backend=cfg.data.embedding_backend, keep=False)
 
     @property
     def input_dim(self) -> int | None:

@@ -162,7 +162,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
         model = load_model(run)
         _warn_if_failed(run)
         # All at once: the embeddings are cached under the whole list, so a file the cluster
-        # trained on costs no embedding at all.
+        # trained on costs no embedding at all (predictions read the cache, never write it).
         records = model.records([d.text for d in docs], progress=progress)
         lines = [json.dumps({"line": d.line, **({} if d.id is None else {"id": d.id}), **r})
                  for d, r in zip(docs, records, strict=True)]

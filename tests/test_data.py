@@ -315,6 +315,21 @@ def test_embed_shape_and_cache(
     assert not any("embedding 24 texts" in r.getMessage() for r in caplog.records)
 
 
+def test_embeddings_not_kept_read_the_cache_and_write_nothing(
+        dbpedia: TextDataset, tmp_path: Path) -> None:
+    """A model's predictions (keep=False) read a cached array (a file the cluster trained on
+    costs no embedding) but leave no file: each call on new texts left two, for ever."""
+    cached = embed_texts(dbpedia.texts[:8], cache_dir=tmp_path, progress=False)
+    before = sorted(tmp_path.iterdir())
+    assert np.array_equal(embed_texts(dbpedia.texts[:8], cache_dir=tmp_path, progress=False,
+                                      keep=False), cached)
+    new = embed_texts(dbpedia.texts[8:12], cache_dir=tmp_path, progress=False, keep=False)
+    assert new.shape == (4, 384) and np.isfinite(new).all()
+    assert sorted(tmp_path.iterdir()) == before
+    np.testing.assert_allclose(new, embed_texts(dbpedia.texts[8:12], cache_dir=tmp_path,
+                                                progress=False), atol=1e-6)
+
+
 def test_embed_default_cache_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDCTL_CACHE_DIR", str(tmp_path / "env-cache"))
     texts = [

@@ -183,11 +183,12 @@ def embed_texts(
     device: str = "auto",
     progress: bool = True,
     backend: str | None = None,
+    keep: bool = True,
 ) -> np.ndarray:
     """Sentence embeddings of ``texts``, cached on disk: :func:`embed_texts_with_backend`
     without the backend's name."""
     return embed_texts_with_backend(texts, model_path, cache_dir, batch_size, device, progress,
-                                    backend)[0]
+                                    backend, keep)[0]
 
 
 def embed_texts_with_backend(
@@ -198,6 +199,7 @@ def embed_texts_with_backend(
     device: str = "auto",
     progress: bool = True,
     backend: str | None = None,
+    keep: bool = True,
 ) -> tuple[np.ndarray, str]:
     """Sentence embeddings of ``texts``, cached on disk, and the backend that made them.
 
@@ -227,6 +229,10 @@ def embed_texts_with_backend(
         package, else torch), ``torch``, ``openvino`` or ``onnx-int8``; None means
         ``$FEDCTL_EMBED_BACKEND``, or ``auto`` if that is unset. An exported backend that
         cannot be loaded falls back to torch with a warning.
+    keep : bool, default True
+        Keep what is computed in the cache. False reads a cached array if there is one and
+        writes nothing (no array, no lock file): a model's predictions, called again and again
+        on new texts, would otherwise leave two files a call.
 
     Returns
     -------
@@ -258,15 +264,30 @@ def embed_texts_with_backend(
     label = eb.resolve_backend(backend if backend is not None
                                else os.environ.get("FEDCTL_EMBED_BACKEND"), dev)
     return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level, label,
-                         dev_error)
+                         dev_error, keep)
 
 
 def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: int | None,
                   dev: str, progress: bool, level: int, label: str,
-                  dev_error: DataError | None = None) -> tuple[np.ndarray, str]:
+                  dev_error: DataError | None = None, keep: bool = True
+                  ) -> tuple[np.ndarray, str]:
     from common.data import embedding_backends as eb
 
     cache_file = folder / f"{_cache_key(model_path, texts, label)[:32]}.npy"
+    if not keep:  # read only: a cache file appears whole (atomic_save_npy), no lock needed
+        cached = _load_cached(cache_file, len(texts))
+        if cached is not None:
+            log.log(level, "embeddings: cache hit %s", cache_file)
+            return cached, label
+        if dev_error is not None:
+            raise dev_error
+        try:
+            return _encode(texts, model_path, batch_size, dev, progress, label), label
+        except eb.BackendUnavailable as exc:
+            log.warning("embeddings: backend %s cannot load (%s); using torch instead",
+                        label, exc)
+            return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level,
+                                 "torch", keep=False)
     lock_file = cache_file.with_name(cache_file.name + ".lock")
 
     # FileLock (flock where the OS has it) leaves the lock file in place on release:
@@ -279,33 +300,41 @@ def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: i
             return cached, label
         if dev_error is not None:
             raise dev_error
-
-        if not progress:  # quiet means quiet: the model's own loading bar too
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        kind = eb.family(label)
-        bs = batch_size or eb.DEFAULT_BATCH[kind]
-        if kind == "torch":
-            import torch
-
-            threads = torch.get_num_threads() if dev == "cpu" else 0
-            where = f"torch ({dev})" + (f", {threads} threads" if threads else "")
-            # Said whether or not a bar shows: a long computation is worth a line in any log.
-            log.info("embedding %d texts with %s on %s", len(texts), eb.display_name(model_path),
-                     where)
-            emb = _encode_torch(texts, model_path, dev, bs, progress)
-        else:
-            try:
-                encoder = eb.load_exported(model_path, str(eb.models_dir()), kind)
-            except eb.BackendUnavailable as exc:
-                log.warning("embeddings: backend %s cannot load (%s); using torch instead",
-                            label, exc)
-                return _embed_cached(texts, model_path, folder, batch_size, dev, progress,
-                                     level, "torch")
-            log.info("embedding %d texts with %s on %s, %d threads", len(texts),
-                     eb.display_name(model_path), encoder.name, encoder.threads)
-            emb = encoder.encode(list(texts), bs, progress)
-        emb = np.asarray(emb, dtype=np.float32)
+        try:
+            emb = _encode(texts, model_path, batch_size, dev, progress, label)
+        except eb.BackendUnavailable as exc:
+            log.warning("embeddings: backend %s cannot load (%s); using torch instead",
+                        label, exc)
+            return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level,
+                                 "torch")
         atomic_save_npy(cache_file, emb)
         return emb, label
+
+
+def _encode(texts: list[str], model_path: str, batch_size: int | None, dev: str,
+            progress: bool, label: str) -> np.ndarray:
+    """The embeddings of ``texts`` by backend ``label``, computed now (BackendUnavailable
+    where an exported backend cannot load)."""
+    from common.data import embedding_backends as eb
+
+    if not progress:  # quiet means quiet: the model's own loading bar too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    kind = eb.family(label)
+    bs = batch_size or eb.DEFAULT_BATCH[kind]
+    if kind == "torch":
+        import torch
+
+        threads = torch.get_num_threads() if dev == "cpu" else 0
+        where = f"torch ({dev})" + (f", {threads} threads" if threads else "")
+        # Said whether or not a bar shows: a long computation is worth a line in any log.
+        log.info("embedding %d texts with %s on %s", len(texts), eb.display_name(model_path),
+                 where)
+        emb = _encode_torch(texts, model_path, dev, bs, progress)
+    else:
+        encoder = eb.load_exported(model_path, str(eb.models_dir()), kind)
+        log.info("embedding %d texts with %s on %s, %d threads", len(texts),
+                 eb.display_name(model_path), encoder.name, encoder.threads)
+        emb = encoder.encode(list(texts), bs, progress)
+    return np.asarray(emb, dtype=np.float32)
