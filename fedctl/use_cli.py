@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import click
 
+from common import constants as C
 from common.atomic import atomic_write_bytes
 from fedctl.errors import fail
 
@@ -157,6 +158,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
             raise ValueError(f"--output {output}: that is INPUT; the predictions would replace "
                              f"the documents")
         if output is not None:  # checked before the documents are embedded, not after
+            _check_not_the_runs_own(Path(output), Path(run))
             _check_writable(Path(output))
         docs = _read_texts(input_path)
         model = load_model(run)
@@ -188,6 +190,28 @@ def _warn_if_failed(run: str) -> None:
     if why is not None:
         click.echo(f"warning: {run}: its run failed ({why}); this is the model it had written",
                    err=True)
+
+
+#: What a run writes in its folder (files, and folders whose every file is the run's): an
+#: --output there would replace part of the run, its model first.
+RUN_OUTPUTS = frozenset({"model.npz", "model.json", "cluster.yaml", "summary.json",
+                         "comparison.md", "comparison.json", "metrics.jsonl", "reports.jsonl",
+                         "checkpoint.npz", "curves.png", C.FAILED_NOTE, C.MASTER_LOCK,
+                         "logs", "workers"})
+
+
+def _check_not_the_runs_own(path: Path, run: Path) -> None:
+    """Refuse an output that is one of RUN's own files (``-o runs/x/model.json`` wrote the
+    predictions over the model, and the run could no longer be used)."""
+    try:
+        inside = path.resolve().relative_to(run.resolve())
+    except ValueError:
+        return  # not in the run's folder
+    if inside.parts and inside.parts[0] in RUN_OUTPUTS:
+        raise ValueError(f"--output {path}: that is {run}'s own "
+                         f"{'file' if len(inside.parts) == 1 else 'folder'} "
+                         f"({inside.parts[0]}); name another file, e.g. "
+                         f"{run}/predictions.jsonl")
 
 
 def _check_writable(path: Path) -> None:

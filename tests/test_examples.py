@@ -235,6 +235,10 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
 
     before = docs.read_bytes()
     assert "that is INPUT" in fedctl("predict", str(out), str(docs), "-o", str(docs))
+    model_before = (out / "model.json").read_bytes()
+    assert f"that is {out}'s own file (model.json)" in fedctl(
+        "predict", str(out), str(docs), "-o", str(out / "model.json"))
+    assert (out / "model.json").read_bytes() == model_before  # it was the predictions
     assert docs.read_bytes() == before
     assert "a picture's name ends in one of" in fedctl("plot", str(out), "-o",
                                                         str(tmp_path / "c.txt"))
