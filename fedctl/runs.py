@@ -175,6 +175,49 @@ def headline(summary: dict[str, Any] | None) -> str:
     return "-"
 
 
+def run_state(folder: Path) -> dict[str, Any]:
+    """One run folder as :func:`list_runs` lists it: path, family, workers, rounds, headline
+    score, start, wall time and state."""
+    try:
+        summary = read_json(folder / "summary.json")
+        model = read_json(folder / "model.json") or {}
+    except ValueError as exc:  # listed, as damaged: one bad run must not hide the others
+        summary, model, damaged = None, {}, str(exc)
+    else:
+        damaged = None
+    if damaged is not None:
+        state = f"damaged: {Path(damaged.split(': ', 1)[0]).name} unreadable"
+    elif (folder / C.FAILED_NOTE).exists() or (summary or {}).get("failed") or (
+            folder.name.endswith(".failed") and summary is None):
+        # (a failed run resumed to its end has its summary and no note: finished)
+        state = "failed"
+        if summary is None and (folder / "checkpoint.npz").is_file():
+            state = "failed, resumable"  # stopped by Ctrl-C, a dead worker, the deadline
+    elif summary is not None and (folder / "model.npz").is_file():
+        state = "finished"
+    elif is_locked(folder / C.MASTER_LOCK):  # its master holds the lock while it lives
+        state = "running"
+    else:
+        state = ("stopped, resumable" if (folder / "checkpoint.npz").is_file()
+                 else "stopped")
+    # A stopped master's events say nothing of how long it lived (one that waited twelve
+    # minutes for its workers showed 1.8 s); a running one's wall is its time so far.
+    start = started(folder)
+    wall = (wall_time(folder) if state in ("finished", "failed", "failed, resumable")
+            else time.time() - start if state == "running" and start is not None
+            else None)
+    family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))
+    if family == "?" or not workers:
+        try:
+            cfg = load_config(folder / "cluster.yaml")
+            family, workers = cfg.family, len(cfg.workers)
+        except Exception:  # a folder half-written by a run still starting
+            pass
+    return {"path": folder, "family": family, "workers": workers,
+            "rounds": (summary or {}).get("rounds", "-"), "score": headline(summary),
+            "wall_s": wall, "state": state, "started": start, "mtime": folder.stat().st_mtime}
+
+
 def list_runs(root: str | Path) -> list[dict[str, Any]]:
     """Every run folder under ``root`` (``runs/``), oldest first: path, family, workers,
     rounds, headline score, start, wall time and state (``finished``, ``failed``, ``running``
@@ -189,45 +232,7 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
         if folder.name == "latest" or not folder.is_dir() or not any(
                 (folder / name).is_file() for name in RUN_MARKS):
             continue
-        try:
-            summary = read_json(folder / "summary.json")
-            model = read_json(folder / "model.json") or {}
-        except ValueError as exc:  # listed, as damaged: one bad run must not hide the others
-            summary, model, damaged = None, {}, str(exc)
-        else:
-            damaged = None
-        if damaged is not None:
-            state = f"damaged: {Path(damaged.split(': ', 1)[0]).name} unreadable"
-        elif (folder / C.FAILED_NOTE).exists() or (summary or {}).get("failed") or (
-                folder.name.endswith(".failed") and summary is None):
-            # (a failed run resumed to its end has its summary and no note: finished)
-            state = "failed"
-            if summary is None and (folder / "checkpoint.npz").is_file():
-                state = "failed, resumable"  # stopped by Ctrl-C, a dead worker, the deadline
-        elif summary is not None and (folder / "model.npz").is_file():
-            state = "finished"
-        elif is_locked(folder / C.MASTER_LOCK):  # its master holds the lock while it lives
-            state = "running"
-        else:
-            state = ("stopped, resumable" if (folder / "checkpoint.npz").is_file()
-                     else "stopped")
-        # A stopped master's events say nothing of how long it lived (one that waited twelve
-        # minutes for its workers showed 1.8 s); a running one's wall is its time so far.
-        start = started(folder)
-        wall = (wall_time(folder) if state in ("finished", "failed", "failed, resumable")
-                else time.time() - start if state == "running" and start is not None
-                else None)
-        family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))
-        if family == "?" or not workers:
-            try:
-                cfg = load_config(folder / "cluster.yaml")
-                family, workers = cfg.family, len(cfg.workers)
-            except Exception:  # a folder half-written by a run still starting
-                pass
-        found.append({"path": folder, "family": family, "workers": workers,
-                      "rounds": (summary or {}).get("rounds", "-"), "score": headline(summary),
-                      "wall_s": wall, "state": state,
-                      "started": start, "mtime": folder.stat().st_mtime})
+        found.append(run_state(folder))
     # By when each began: a folder's time changes whenever anything is written in it (a
     # prediction saved there moved an old run to the end); the folder's time only where no
     # event says.

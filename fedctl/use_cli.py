@@ -258,7 +258,11 @@ def show(run: str) -> None:
         from fedctl.runs import failed_note, load_run, strategy_name, wall_time
 
         r = load_run(folder)
-    except (FileNotFoundError, ValueError) as exc:
+    except FileNotFoundError as exc:  # no model: a failed, stopped or running run's own story
+        if not _show_unfinished(folder):
+            fail(exc)
+        return
+    except ValueError as exc:
         fail(exc)
     s = r.summary or {}
     cfg = r.config
@@ -272,7 +276,8 @@ def show(run: str) -> None:
                f"{', '.join(w.name for w in cfg.workers)}")
     trained = s.get("trained", "?")
     if isinstance(trained, dict):  # {"rounds": 10, "steps": 2}: "10 rounds, 2 steps"
-        trained = ", ".join(f"{v} {k}" for k, v in trained.items())
+        trained = ", ".join(f"{v} {k.removesuffix('s') if v == 1 else k}"
+                            for k, v in trained.items())
     click.echo(f"rounds {s.get('rounds', '?')}, trained {trained}, "
                f"wall time {'-' if wall is None else f'{wall:.1f} s'}, "
                f"data {cfg.data.path} ({cfg.data.task}, {cfg.data.partition})")
@@ -284,6 +289,41 @@ def show(run: str) -> None:
     if table.is_file():
         click.echo("")
         click.echo(table.read_text().rstrip())
+
+
+def _show_unfinished(folder: Path) -> bool:
+    """What a run folder without a model says of its run (False: it is no run folder): its
+    state, why it failed, its job and the rounds it did, and how to go on where it can."""
+    from common.config import load_config
+    from common.runlog import read_metrics
+    from fedctl.runs import RUN_MARKS, failed_note, run_state, strategy_name
+
+    if not folder.is_dir() or not any((folder / m).is_file() for m in RUN_MARKS):
+        return False
+    try:
+        cfg = load_config(folder / "cluster.yaml")
+        events = (read_metrics(folder / "metrics.jsonl")
+                  if (folder / "metrics.jsonl").is_file() else [])
+    except Exception:  # a folder half-written by a run still starting: the one-line error
+        return False
+    state = run_state(folder)["state"]
+    done = max((int(e["round"]) for e in events if e.get("event") == "round"), default=0)
+    click.echo(f"run in {folder.resolve()}: {state}, no model")
+    why = failed_note(folder)
+    if why:
+        click.echo(f"FAILED: {why}")
+    click.echo(f"family {cfg.family} ({json.dumps(cfg.family_params)}), strategy "
+               f"{strategy_name(cfg)}, {len(cfg.workers)} worker(s): "
+               f"{', '.join(w.name for w in cfg.workers)}")
+    click.echo(f"rounds done {done} of {cfg.rounds}, data {cfg.data.path} ({cfg.data.task}, "
+               f"{cfg.data.partition})")
+    if "resumable" in state:
+        config = folder / "cluster.yaml"
+        click.echo(f"continue with: fedctl master --config {config} --resume, and its workers "
+                   f"(fedctl worker --config {config} --id <worker>)")
+    if (folder / "logs").is_dir():
+        click.echo(f"logs: {folder / 'logs'}")
+    return True
 
 
 @click.command("runs")

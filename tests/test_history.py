@@ -277,3 +277,32 @@ def test_a_run_that_scored_no_round_is_drawn_with_its_final_scores(tmp_path: Pat
     assert curves["per_worker"] == {"w1": {2: 0.9}, "w2": {2: 0.7}}
     png = plot_runs([run], tmp_path / "curves.png")
     assert png.stat().st_size > 10_000
+
+
+def test_show_tells_a_failed_runs_story_without_a_model(tmp_path: Path) -> None:
+    """`fedctl show` of a failed run said only "no model.npz": its job, the rounds it did,
+    why it failed and how to go on were all in the folder."""
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+
+    run = _run_dir(tmp_path / "runs", "out.failed", finished=False)
+    (run / "cluster.yaml").write_text("workers: [w1, w2]\nrounds: 10\n")
+    with (run / "metrics.jsonl").open("a") as f:
+        for r in (1, 2, 3):
+            f.write(json.dumps({"event": "round", "round": r, "duration_s": 0.1}) + "\n")
+    (run / "FAILED").write_text("exit code 130: see logs/ (interrupted)\n")
+    shown = CliRunner().invoke(main, ["show", str(run)], prog_name="fedctl")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"run in {run.resolve()}: failed, resumable, no model"
+    assert lines[1] == "FAILED: exit code 130: see logs/ (interrupted)"
+    assert lines[2].startswith("family mlp (") and lines[2].endswith("2 worker(s): w1, w2")
+    assert lines[3].startswith("rounds done 3 of 10, data ")
+    assert lines[4].startswith(f"continue with: fedctl master --config {run / 'cluster.yaml'} "
+                               f"--resume")
+    (run / "checkpoint.npz").unlink()
+    again = CliRunner().invoke(main, ["show", str(run)], prog_name="fedctl").stdout
+    assert "failed, no model" in again and "continue with" not in again
+    nothing = CliRunner().invoke(main, ["show", str(tmp_path)], prog_name="fedctl")
+    assert nothing.exit_code == 1 and "not a finished fedctl run" in nothing.stderr
