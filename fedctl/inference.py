@@ -290,37 +290,41 @@ class TopicModel(TrainedModel):
     def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         """Each document's most weighted topic; -1 for a document with no word of the
         model's vocabulary (empty, another language), which no topic describes."""
-        theta, known = self._read(texts, progress)
+        theta, known, blank = self._read(texts, progress)
         topic = theta.argmax(axis=1)
-        topic[~self._placed(known)] = -1
+        topic[~self._placed(known, blank)] = -1
         return topic
 
     def known_words(self, texts: Sequence[str]) -> np.ndarray:
         """How many of each document's words are in the model's vocabulary."""
         return _known(bow_matrix(_texts(texts), self.vocabulary_))
 
-    def _read(self, texts: Sequence[str], progress: bool) -> tuple[np.ndarray, np.ndarray]:
-        """``transform(texts)`` and ``known_words(texts)``, the texts counted once."""
+    def _read(self, texts: Sequence[str], progress: bool
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``transform(texts)``, ``known_words(texts)`` (the texts counted once) and which
+        texts are blank."""
         if _is_features(texts):
             raise ModelError("a topic model reads texts, not features")
         texts = _texts(texts)
         bow = bow_matrix(texts, self.vocabulary_)
-        return self._transform(texts, bow, progress), _known(bow)
+        return self._transform(texts, bow, progress), _known(bow), np.array(_blank(texts),
+                                                                              dtype=bool)
 
-    def _placed(self, known: np.ndarray) -> np.ndarray:
-        """Which documents the model can place: those with a known word; every one for
-        CombinedTM, which reads the document's sentence embedding too."""
-        return np.ones(len(known), dtype=bool) if getattr(self, "contextual_size", 0) \
-            else known > 0
+    def _placed(self, known: np.ndarray, blank: np.ndarray) -> np.ndarray:
+        """Which documents the model can place: those with a known word; for CombinedTM,
+        which reads the document's sentence embedding too, every one with any text (a blank
+        one got the topic of the embedding of nothing)."""
+        return ~blank if getattr(self, "contextual_size", 0) else known > 0
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
-        theta, known = self._read(texts, progress)
+        theta, known, blank = self._read(texts, progress)
         heads = self.get_topics(5)
         out = []
-        for row, n, placed in zip(theta, known, self._placed(known), strict=True):
+        for row, n, placed, empty in zip(theta, known, self._placed(known, blank), blank,
+                                         strict=True):
             if not placed:  # nothing to go on: no topic, rather than topic 0 at weight 0
                 out.append({"topic": None, "mixture": None, "top_topics": [],
-                            "known_words": 0})
+                            "known_words": 0, **({"empty": True} if empty else {})})
                 continue
             total = float(row.sum())
             mix = row / total if total > 0 else row

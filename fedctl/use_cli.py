@@ -45,8 +45,9 @@ def _read_texts(path: str) -> list[_Document]:
     document a line); ``-`` is standard input.
 
     JSONL is told by the extension (:data:`JSONL_SUFFIXES`) or, whatever the name (a pipe, a
-    ``.txt``), by a first non-blank line that is a JSON object with a ``"text"`` string: read
-    as plain text, each whole JSON line, its label included, would be embedded instead.
+    ``.txt``), by a first non-blank line that is a JSON object (each must then have a
+    ``"text"`` string): read as plain text, each whole JSON line, its label included, would
+    be embedded instead.
     """
     if path == "-":
         data = sys.stdin.buffer.read()  # (click's get_binary_stream is deprecated)
@@ -69,7 +70,7 @@ def _read_texts(path: str) -> list[_Document]:
     delimiter = TABLE_DELIMITERS.get(Path(path).suffix.lower()) if path != "-" else None
     if delimiter is not None:
         return _read_table(path, data.decode("utf-8"), delimiter)
-    jsonl = path.lower().endswith(JSONL_SUFFIXES) or _is_document_object(lines[0][1])
+    jsonl = path.lower().endswith(JSONL_SUFFIXES) or _is_json_object(lines[0][1])
     if not jsonl:
         return [_Document(n, line, None) for n, line in lines]
     docs = []
@@ -117,14 +118,16 @@ def _read_table(path: str, text: str, delimiter: str) -> list[_Document]:
     return docs
 
 
-def _is_document_object(line: str) -> bool:
+def _is_json_object(line: str) -> bool:
+    """A line that is a JSON object: JSONL, whose objects must then have a "text" (one
+    without, piped in, was embedded whole as a document, its id dropped, in silence)."""
     if not line.lstrip().startswith("{"):
         return False
     try:
         row = json.loads(line)
     except json.JSONDecodeError:
         return False
-    return isinstance(row, dict) and isinstance(row.get("text"), str)
+    return isinstance(row, dict)
 
 
 @click.command()
@@ -140,7 +143,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     """Apply RUN's trained model to the documents of INPUT (JSONL with a "text" field, or
     plain text, one document a line; - reads standard input), e.g.
     `fedctl predict runs/latest docs.jsonl -o out.jsonl`. JSONL is told by the extension
-    (.jsonl, .json, .ndjson) or by a first line that is an object with a "text" string; a
+    (.jsonl, .json, .ndjson) or by a first line that is a JSON object; a
     .csv or .tsv file is a table whose header names a "text" column (and maybe an "id").
 
     Writes one JSON line per document, in order, with its line in INPUT (and a JSONL

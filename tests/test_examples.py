@@ -142,6 +142,12 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         from fedctl import load_model
 
         assert load_model(out).records([""]) == [{"cluster": None, "proba": None, "empty": True}]
+    if family == "combinedtm":  # it read the embedding of nothing and gave a topic
+        from fedctl import load_model
+
+        assert load_model(out).records([" "]) == [{"topic": None, "mixture": None,
+                                                   "top_topics": [], "known_words": 0,
+                                                   "empty": True}]
     if family in ("mlp", "nmf"):
         _misused(out, docs, tmp_path)
     if tracked:
@@ -173,8 +179,9 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
         known = json.loads(docs.read_text().splitlines()[0])["text"]
         unknown = model.predict(["", "日本語のテキスト", known]).tolist()
         assert unknown[:2] == [-1, -1] and unknown[2] >= 0
-        (record,) = model.records([" "])
-        assert record["topic"] is None and record["known_words"] == 0
+        (record,) = model.records([" "])  # CombinedTM gave it the embedding of nothing's
+        assert record == {"topic": None, "mixture": None, "top_topics": [], "known_words": 0,
+                          "empty": True}, record
         return
     # No text: no label (it was the label of the embedding of nothing, at full confidence).
     blank, real = model.records(t for t in ["  ", "a document about a bus"])  # (a generator)
@@ -210,6 +217,12 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
                                input=ids.read_bytes(), prog_name="fedctl")
     assert piped.exit_code == 0, piped.output
     assert piped.stdout == shown.stdout
+    # Objects without a "text", piped in, were read as plain text: each whole JSON line
+    # embedded, the ids dropped, in silence.
+    untexted = CliRunner().invoke(main, ["predict", str(out), "-", "--no-progress"],
+                                  input=b'{"body": "a ship", "id": 1}\n', prog_name="fedctl")
+    assert untexted.exit_code == 1
+    assert untexted.stderr.strip() == 'Error: -:1: expected an object with a "text" string'
     named = tmp_path / "ids.TXT"
     named.write_bytes(ids.read_bytes())
     again = CliRunner().invoke(main, ["predict", str(out), str(named), "--no-progress"],
