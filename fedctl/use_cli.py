@@ -284,6 +284,15 @@ def show(run: str) -> None:
     click.echo(f"rounds {s.get('rounds', '?')}, trained {trained}, "
                f"wall time {'-' if wall is None else f'{wall:.1f} s'}, "
                f"data {cfg.data.path} ({cfg.data.task}, {cfg.data.partition})")
+    from master.outputs import privacy_spent
+
+    privacy = s.get("privacy") or {}
+    spent = privacy_spent(privacy)
+    if spent:  # what a private run spent: the first thing its reader asks
+        click.echo(f"privacy: {', '.join(spent)}, δ {privacy.get('delta', '?'):g}")
+    if s.get("laplace_epsilon"):
+        click.echo(f"privacy: Laplace noise of ε {s['laplace_epsilon']:g} on each party's "
+                   f"document–topic counts (iFTM)")
     if s.get("refused"):
         click.echo(f"refused requests: {s['refused']}")
     if s.get("excluded"):

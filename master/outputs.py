@@ -69,6 +69,15 @@ def write_model(out: Path, family: ServerFamily, cfg: ClusterConfig, rounds: int
         "fedctl_version": fedctl_version})
 
 
+def privacy_spent(privacy: Mapping[str, Any]) -> list[str]:
+    """The ε a private run spent, as summary.json's ``privacy`` says, in words: record-level
+    (DP-SGD) and client-level (DP-FedAvg), each where it applies."""
+    return [f"{label} ε {privacy[key]:.2f}" for key, label in
+            (("epsilon", "record-level (DP-SGD, the largest of the workers')"),
+             ("client_epsilon", "client-level (DP-FedAvg)"))
+            if isinstance(privacy.get(key), int | float)]
+
+
 def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
                   baselines: bool, run: dict[str, Any], errors_served: int
                   ) -> tuple[dict[str, Any], str]:
@@ -114,9 +123,7 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
                   f"unequal clusters that has meant worse clusters; see docs/FSTC.md.")
     privacy = run.get("privacy")
     if privacy:
-        spent = [f"{label} ε {privacy[key]:.2f}" for key, label in
-                 (("epsilon", "record-level (DP-SGD, the largest of the workers')"),
-                  ("client_epsilon", "client-level (DP-FedAvg)")) if privacy.get(key) is not None]
+        spent = privacy_spent(privacy)
         table += (f"\n\nPrivacy: the federated model at {', '.join(spent)}, δ {privacy['delta']:g}"
                   f"{'; ' + privacy['stopped'] if privacy.get('stopped') else ''}. The local "
                   f"and centralized baselines are trained without differential privacy.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import traceback
@@ -142,6 +143,13 @@ def test_example_runs_and_its_model_is_usable(example: Path, tmp_path: Path) -> 
         from fedctl import load_model
 
         assert load_model(out).records([""]) == [{"cluster": None, "proba": None, "empty": True}]
+    if summary.get("privacy") or summary.get("laplace_epsilon"):  # what it spent, shown
+        from click.testing import CliRunner
+
+        from fedctl.cli import main
+
+        shown = CliRunner().invoke(main, ["show", str(out)], prog_name="fedctl").stdout
+        assert re.search(r"^privacy: .*ε \d", shown, re.MULTILINE), shown
     if family == "combinedtm":  # it read the embedding of nothing and gave a topic
         from fedctl import load_model
 
