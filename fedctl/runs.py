@@ -194,7 +194,8 @@ def run_state(folder: Path) -> dict[str, Any]:
         if summary is None and (folder / "checkpoint.npz").is_file():
             state = "failed, resumable"  # stopped by Ctrl-C, a dead worker, the deadline
     elif summary is not None and (folder / "model.npz").is_file():
-        state = "finished"
+        # (a model.json lost in a copy: `fedctl predict` cannot use the run)
+        state = "finished" if model else "damaged: model.json missing"
     elif is_locked(folder / C.MASTER_LOCK):  # its master holds the lock while it lives
         state = "running"
     else:

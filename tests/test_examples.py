@@ -275,6 +275,8 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     # A model copied in part, a run that failed, files of two runs: each said in one line.
     (damaged / "model.json").unlink()
     assert f"{damaged / 'model.json'}: missing" in fedctl("predict", str(damaged), str(docs))
+    listed = CliRunner().invoke(main, ["runs", str(runs)], prog_name="fedctl")
+    assert "damaged: model.json missing" in listed.stdout  # it was listed finished
     shutil.copy(out / "model.json", damaged / "model.json")
     (damaged / "model.npz").write_bytes(b"")  # used to be a bare "Aborted!"
     assert "model.npz: not a readable model" in fedctl("predict", str(damaged), str(docs))
