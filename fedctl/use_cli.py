@@ -151,6 +151,9 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
     FSTC's cluster and its probabilities; a topic model's mixture and top topics with their
     words.
     """
+    if not progress:  # quiet means quiet: a fine-tuned encoder's loading bar too (read by
+        # transformers from the hub's switch when it is first imported)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         from fedctl.inference import ModelError, load_model
 
