@@ -460,14 +460,15 @@ def digest(value: Any) -> str:
 
 def data_terms(cfg: ClusterConfig) -> dict[str, Any]:
     """How a simulated cluster's data is read and split: the file (its name and size: the
-    same file moved is the same), the split and the cap. A resumed master that trains
-    baselines on it must agree with its checkpoint on them, or its baselines are cut from other
-    documents than the workers trained on."""
+    same file moved is the same), the split, the cap and the workers whose shares it cuts. A
+    resumed master must agree with its checkpoint on them, or its workers train on other
+    documents than before it stopped, and its baselines are cut from others again."""
     d = cfg.data
     path = Path(d.path)
     return {"file": path.name, "bytes": path.stat().st_size if path.is_file() else None,
             "partition": d.partition, "alpha": d.alpha, "proportions": d.proportions,
-            "test_fraction": d.test_fraction, "limit": d.limit}
+            "test_fraction": d.test_fraction, "limit": d.limit,
+            "workers": [w.name for w in cfg.workers]}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -71,6 +71,12 @@ REFUSED_UPDATE = frozenset({errors.BAD_FIELD, errors.DTYPE, errors.SHAPE, errors
 
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut at ``limit`` characters (a list of a thousand worker names)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _abstains(rnd: RoundState, worker_id: str) -> bool:
     """Whether a worker's update says, in the clear, that it sat the round out (its
     ``abstain`` metric: a step of several rounds it holds no state of). Under secure
@@ -184,7 +190,8 @@ class Master:
         self.privacy = PrivacyLedger(cfg.privacy, cfg.client_fraction)
         self._terms = job_terms(cfg)  # kept in each checkpoint: a resume must agree with them
         # ... and with how the master's own data was split (its baselines are cut from it)
-        self._data_terms = data_terms(cfg) if cfg.baselines and simulated(cfg) else {}
+        # (kept whether or not baselines are on: the shares the workers train on follow them)
+        self._data_terms = data_terms(cfg) if simulated(cfg) else {}
         if resume:
             try:
                 self._restore(Checkpoint.load(self.out))
@@ -1224,9 +1231,12 @@ class Master:
                 raise RuntimeError(f"--resume: the checkpoint's job is not {self.cfg.source}'s: "
                                    f"{listed(differences)}")
         kept = m.get("data_terms") or {}
-        changed = [f"data.{k}: {kept.get(k)!r} in the checkpoint, {v!r} in the config"
-                   for k, v in self._data_terms.items() if kept and kept.get(k) != v]
-        if changed:  # its baselines would be cut from other data than the workers trained on
+        # (a term an older checkpoint did not keep is not compared)
+        changed = [f"{'' if k == 'workers' else 'data.'}{k}: {_short(kept[k])} in the "
+                   f"checkpoint, {_short(v)} in the config"
+                   for k, v in self._data_terms.items() if k in kept and kept[k] != v]
+        if changed:  # its baselines would be cut from other data than the workers trained on,
+            # and with another worker list each worker's share is other documents
             raise RuntimeError(f"--resume: the checkpoint's data is not {self.cfg.source}'s: "
                                f"{listed(changed)}")
         self.run_id = m["run_id"]

@@ -166,6 +166,13 @@ def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
                                            r"data\.limit: 600 in the checkpoint, 300 in the "
                                            r"config"):
         Master(load_config(other), resume=True)
+    # Another worker list cuts every worker's share anew (and the baselines' with it): a
+    # resume with --workers 3 went on, a worker that never was in its comparison table.
+    two = make_config(tmp_path, workers=2, rounds=4, name="two_workers.yaml")
+    with pytest.raises(RuntimeError, match=r"--resume: the checkpoint's data is not .*"
+                                           r"workers: \['w1', 'w2', 'w3'\] in the checkpoint, "
+                                           r"\['w1', 'w2'\] in the config"):
+        Master(load_config(two), resume=True)
     same = load_config(make_config(tmp_path, rounds=4, name="four.yaml"))
     holder = Master(same, resume=True)  # the folder is free again after the refusal
     try:
