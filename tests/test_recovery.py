@@ -215,3 +215,59 @@ def test_a_master_left_with_fewer_than_min_workers_ends(
     said = procs.log("master")
     assert "1 worker(s) heard from (w1)" in said and "min_workers is 2" in said, said
     assert (out / "checkpoint.npz").exists()
+
+
+def test_an_interrupted_fedctl_run_resumed_by_hand_changes_nothing(
+        tmp_path: Path, make_config: MakeConfig, embed_cache: Path) -> None:
+    """`fedctl run` into a history (runs/latest) stopped by SIGTERM, then resumed as the README
+    says: `fedctl master --resume` and `fedctl worker` with the same config. The run's workers
+    had kept their snapshots in its own folder (runs/<id>.failed/workers/), and workers started
+    alone looked in runs/workers/: they trained the redone rounds from their start, a
+    different model without a word. They find the run's own snapshots now."""
+    import subprocess
+
+    from fedctl.launch import child_env, fedctl_command, worker_threads
+    from tests.conftest import kill_tree, run_fedctl
+
+    job = {"rounds": 12, "model": {"family": "mlp", "local_epochs": 30, "hidden": 64},
+           "data": {"task": "multiclass"}, **PATIENT}
+
+    def config(folder: Path) -> Path:
+        folder.mkdir()
+        return make_config(folder, workers=2, output_dir=str(folder / "runs" / "latest"),
+                           **job)
+
+    # Undisturbed, by `fedctl run` too: its workers' threads are the same as the hit run's.
+    calm_cfg = config(tmp_path / "calm")
+    calm = ThreadPoolExecutor(1).submit(run_fedctl, "run", "--config", str(calm_cfg),
+                                        "--no-progress", timeout=400, cache_dir=embed_cache)
+    cfg = config(tmp_path / "hit")
+    runs = tmp_path / "hit" / "runs"
+    procs = Procs(tmp_path / "hit" / "logs", embed_cache)
+    run = subprocess.Popen(fedctl_command("run", "--config", str(cfg), "--no-progress"),
+                           cwd=ROOT, env=child_env(embed_cache), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: any(len(_rounds(p)) >= 3 for p in runs.glob("*.partial")), 300,
+                 "round 3 of fedctl run",
+                 lambda: run.poll() is None or pytest.fail("fedctl run ended early"),
+                 interval=0.02)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 143
+        (failed,) = runs.glob("*.failed")
+        procs.master(cfg, "--resume")
+        for w in WORKERS:
+            procs.worker(cfg, w, "--threads", str(worker_threads(len(WORKERS))))
+        codes = procs.wait_all(timeout=400)
+        assert set(codes.values()) == {0}, procs.logs_tail()
+    finally:
+        kill_tree(run)
+        procs.stop_all()
+    assert calm.result().returncode == 0
+    for w in WORKERS:
+        assert "its snapshots of run" in procs.log(w), procs.log(w)
+        assert str(failed / "workers" / w) in procs.log(w), procs.log(w)
+    calm_model, hit_model = _model(tmp_path / "calm" / "runs" / "latest"), _model(failed)
+    for name, array in calm_model.items():
+        assert np.array_equal(array, hit_model[name]), (
+            f"{name}: max |diff| {np.abs(array - hit_model[name]).max()}")

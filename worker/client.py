@@ -50,7 +50,7 @@ from common.secagg.crypto import ShareDecryptionError
 from worker import devices
 from worker.families import ClientFamily, make_client_family
 from worker.secagg import SecAggError, SecureUpload
-from worker.snapshots import Snapshots
+from worker.snapshots import Snapshots, find_run_snapshots
 
 log = logging.getLogger("fedctl.worker")
 
@@ -146,6 +146,10 @@ class Worker:
         self.data = local_data(cfg, worker_id, data_path)
         self.snapshots = (Snapshots(state_dir or default_state_dir(cfg, worker_id), worker_id)
                           if cfg.worker_snapshots else None)
+        # Beside a history link (runs/latest) with no folder named: the history, where a run
+        # `fedctl run` started keeps this worker's snapshots in its own folder.
+        out = Path(cfg.output_dir)
+        self._history = out.parent if state_dir is None and out.name == "latest" else None
         self.run_id: str | None = None
         # This process's own token, in every request: the master tells two processes started
         # with one id apart (the earlier one is refused, `replaced`).
@@ -306,7 +310,15 @@ class Worker:
                 log.warning("the master's welcome says %d rounds: not believable, this worker "
                             "keeps %s's %d", rounds, self.cfg.source, self.cfg.rounds)
         if self.snapshots is not None and self.run_id is not None:
-            self.snapshots.adopt(str(self.run_id))
+            run_id = str(self.run_id)
+            if self._history is not None and not self.snapshots.holds(run_id):
+                # A resumed run of `fedctl run`: its snapshots are in its own folder.
+                found = find_run_snapshots(self._history, self.worker_id, run_id)
+                if found is not None and found != self.snapshots.folder:
+                    log.info("%s: its snapshots of run %s are in %s", self.worker_id, run_id,
+                             found)
+                    self.snapshots = Snapshots(found, self.worker_id)
+            self.snapshots.adopt(run_id)
         log.info("%s registered with master %s (%d training, %d test documents, %s)",
                  self.worker_id, self.run_id, self.data.n_train, len(self.data.test_index),
                  self.device)

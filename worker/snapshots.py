@@ -40,6 +40,19 @@ RUN_FILE = "RUN"  # the run the snapshots belong to
 SPARES = 2
 
 
+def find_run_snapshots(root: str | Path, worker_id: str, run_id: str) -> Path | None:
+    """The folder under a runs history ``root`` (``runs/<run>/workers/<id>``) holding
+    ``worker_id``'s snapshots of run ``run_id``, the newest if several; None if none does.
+    A run ``fedctl run`` started keeps them in its own folder (``runs/<id>.failed/...`` once it
+    failed), where a worker started alone to resume it would not look."""
+    found = []
+    for marker in Path(root).glob(f"*/workers/{worker_id}/{RUN_FILE}"):
+        with contextlib.suppress(OSError):
+            if marker.read_text().strip() == run_id:
+                found.append(marker.parent)
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
 class Snapshots:
     """The snapshots of one worker in one run, in ``folder``.
 
@@ -77,6 +90,11 @@ class Snapshots:
             self._scan()
         assert self._rounds is not None
         return list(self._rounds)
+
+    def holds(self, run_id: str) -> bool:
+        """Whether the folder's snapshots are of run ``run_id``."""
+        marker = self.folder / RUN_FILE
+        return marker.is_file() and marker.read_text().strip() == run_id
 
     def adopt(self, run_id: str) -> bool:
         """Keep the snapshots if they are of run ``run_id``, else delete them (an earlier
