@@ -71,6 +71,12 @@ REFUSED_UPDATE = frozenset({errors.BAD_FIELD, errors.DTYPE, errors.SHAPE, errors
 
 
 
+class _ResumeAnswer(ProtocolError):
+    """An error answer that a master's resume causes (a round not open yet, or one it went
+    back before): the worker redoes the round, and summary.json does not count it among the
+    worker's refused requests."""
+
+
 def _short(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut at ``limit`` characters (a list of a thousand worker names)."""
     text = repr(value)
@@ -173,6 +179,7 @@ class Master:
         self._announced_at = -float("inf")
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
+        self._resumed = False  # went back to a checkpoint (rounds past it are run again)
         self._training_since = 0.0  # when training started (or resumed)
         self._next_scan = 0.0  # when _abandoned next looks at every worker
         self._budget_logged = False
@@ -392,6 +399,9 @@ class Master:
                        M.UPDATE: self._on_update, M.REPORT: self._on_report,
                        M.PING: self._on_ping, M.SECAGG: self._on_secagg}[msg.kind]
             handler(msg, nbytes)
+        except _ResumeAnswer as exc:  # not the worker's doing: answered, not counted
+            log.debug("answered %r: %s (%s)", identity or worker_id, exc, exc.code)
+            send_error(self.rep, exc.code, str(exc))
         except ProtocolError as exc:
             self._refuse(exc.code, str(exc), identity or worker_id)
         except Exception as exc:  # a bug must not take the master down with it
@@ -577,7 +587,8 @@ class Master:
         if self.phase == TRAINING and rnd is None and b["round"] == self.round:
             # A resumed master before it reopens the round: the worker keeps its update's
             # round pending and redoes it when the round is published.
-            raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
+            raise _ResumeAnswer(f"round {self.round} is not open yet", code=errors.NOT_READY)
+        self._check_after_resume(b["round"])
         if self.phase != TRAINING or rnd is None or b["round"] != rnd.number:
             raise ProtocolError(f"update for round {b['round']}, but "
                                 f"{'round ' + str(self.round) if rnd else 'no round'} is open",
@@ -677,12 +688,21 @@ class Master:
             ws.report = report
             log.info("final report from %s, kept from before the resume", wid)
 
+    def _check_after_resume(self, round_: Any) -> None:
+        """A request of a round past the one a resumed master went back to: sent to the master
+        that died, the round is run again. Stale, but the resume's doing, not the worker's."""
+        if (self._resumed and self.phase == TRAINING and isinstance(round_, int)
+                and round_ > self.round):
+            raise _ResumeAnswer(f"round {round_} is from before the master resumed at round "
+                                f"{self.round}: it is run again", code=errors.STALE_ROUND)
+
     def _on_secagg(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
         if self.cfg.privacy.secure_aggregation is None:
             raise ProtocolError("this job has no secure aggregation", code=errors.REJECTED)
         if self.phase == TRAINING and self.open is None and msg.body["round"] == self.round:
-            raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
+            raise _ResumeAnswer(f"round {self.round} is not open yet", code=errors.NOT_READY)
+        self._check_after_resume(msg.body["round"])
         if self.phase in (REPORTING, DONE):
             why = self.summary.get("failed")
             raise ProtocolError(f"the job's training is over{': ' + why if why else ''}",
@@ -1274,6 +1294,7 @@ class Master:
             if (e["event"], e.get("round"), e.get("worker")) not in logged:
                 self.metrics.write_record(e)
         self._resume_at = now + C.RESUME_GRACE
+        self._resumed = True
         self._training_since = now
         self._checkpoints.written_base = m.get("resume_base")
         if self.family.budget_spent(done) or self.family.finished():
