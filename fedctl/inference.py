@@ -159,7 +159,8 @@ class Classifier(TrainedModel):
         return self.model_.predict_proba(self.features(texts, progress))
 
     def predict(self, texts: Texts, progress: bool = False) -> np.ndarray:
-        """Each document's most probable class name."""
+        """Each document's most probable class name (a blank text gets the class of the
+        embedding of nothing: :meth:`records` marks it empty instead)."""
         return np.asarray(self.classes_)[self.predict_proba(texts, progress).argmax(axis=1)]
 
     def records(self, texts: Texts, progress: bool = False) -> list[dict[str, Any]]:
