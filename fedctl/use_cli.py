@@ -393,6 +393,12 @@ def plot(runs: tuple[str, ...], output: str, title: str | None) -> None:
                          f".{', .'.join(sorted(kinds))}"))
     if not Path(output).resolve().parent.is_dir():
         fail(FileNotFoundError(f"--output {output}: no folder {Path(output).parent}"))
+    target = Path(output).resolve()
+    if (target.name == "curves.png" and (target.parent / "metrics.jsonl").is_file()
+            and [Path(r).resolve() for r in runs] != [target.parent]):
+        # (`fedctl plot runs/A runs/B` from inside a run folder: its own curves, replaced)
+        fail(ValueError(f"--output {output}: that is the run {target.parent}'s own "
+                        f"curves.png; name another file, e.g. -o compare.png"))
     try:
         click.echo(f"wrote {plot_runs(runs, output, title)}")
     except (OSError, ValueError) as exc:

@@ -264,6 +264,8 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     assert "a picture's name ends in one of" in fedctl("plot", str(out), "-o",
                                                         str(tmp_path / "c.txt"))
     assert "no folder" in fedctl("plot", str(out), "-o", str(tmp_path / "nope" / "c.png"))
+    assert f"that is the run {out.resolve()}'s own curves.png" in fedctl(
+        "plot", str(out), str(out), "-o", str(out / "curves.png"))
     runs = tmp_path / "runs"
     damaged = runs / "damaged"
     shutil.copytree(out, damaged)
