@@ -80,6 +80,11 @@ class TrainedModel(ABC):
     family : str
     params : dict
         The family's hyperparameters (the ``model`` section it was trained with).
+    keep_embeddings : bool
+        Whether the texts' embeddings are kept in the cache (default False: the cache is read,
+        not written, or a model called again and again on new texts would leave two files a
+        call there for ever; ``fedctl predict`` of a file keeps them, for the next model
+        scored on the same documents).
     """
 
     kind: str = "model"
@@ -90,6 +95,7 @@ class TrainedModel(ABC):
         self.params = dict(run.model.get("params") or run.config.family_params)
         self.setup = dict(run.model.get("setup") or {})
         self.device = device
+        self.keep_embeddings = False
 
     # -- input --------------------------------------------------------------------------
     def features(self, texts: Texts, progress: bool = False) -> np.ndarray:
@@ -118,11 +124,10 @@ class TrainedModel(ABC):
                                  f"here is {found['name']} (sha256 {found['sha256'][:12]})")
         # The backend the workers embedded with (data.embedding_backend): another one's
         # features differ in the last digits, and its cache entry is another file. The cache
-        # is read (a file the cluster trained on costs no embedding) but not written: each
-        # call on new texts left two files there, for ever.
+        # is read (a file the cluster trained on costs no embedding), written only where asked.
         return embed_texts(texts, model_path=cfg.data.embedding_model,
                            cache_dir=cfg.data.cache_dir, device=self.device, progress=progress,
-                           backend=cfg.data.embedding_backend, keep=False)
+                           backend=cfg.data.embedding_backend, keep=self.keep_embeddings)
 
     @property
     def input_dim(self) -> int | None:

@@ -168,9 +168,12 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
             _check_writable(Path(output))
         docs = _read_texts(input_path)
         model = load_model(run)
+        # A named file is kept in the embedding cache: the next model scored on the same
+        # documents costs no embedding. What is piped in passes once.
+        model.keep_embeddings = input_path != "-"
         _warn_if_failed(run)
         # All at once: the embeddings are cached under the whole list, so a file the cluster
-        # trained on costs no embedding at all (predictions read the cache, never write it).
+        # trained on costs no embedding at all.
         records = model.records([d.text for d in docs], progress=progress)
         lines = [json.dumps({"line": d.line, **({} if d.id is None else {"id": d.id}), **r})
                  for d, r in zip(docs, records, strict=True)]

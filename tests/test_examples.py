@@ -191,6 +191,15 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
         assert record == {"topic": None, "mixture": None, "top_topics": [], "known_words": 0,
                           "empty": True}, record
         return
+    # New texts are embedded, not kept: a model called in a loop left two cache files a call.
+    cache = tmp_path / "own_cache"
+    model.run.config.data.cache_dir = str(cache)
+    new = ["a text this test made up", "and another one"]
+    model.predict(new)
+    assert not list(cache.glob("*.npy*")), list(cache.iterdir())
+    model.keep_embeddings = True  # (what `fedctl predict FILE` asks)
+    model.predict(new)
+    assert len(list(cache.glob("*.npy"))) == 1
     # No text: no label (it was the label of the embedding of nothing, at full confidence).
     blank, real = model.records(t for t in ["  ", "a document about a bus"])  # (a generator)
     assert blank == {"label": None, "proba": None, "empty": True} and real["label"]
