@@ -549,13 +549,18 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
         if "written twice" in str(exc.problem):
             raise ConfigError(f"{p}: {exc.problem}") from None
         raise ConfigError(f"{p}: not valid YAML at line {exc.problem_mark.line + 1}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (no mark)
+        line = text.count("\n", 0, exc.position) + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ConfigError(f"{p}: not valid YAML at line {line}: a control character "
+                          f"({char!r}) where text was expected") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         # PyYAML's own words ("found character '\t' that cannot start any token") do not say
         # what to do; a tab is the commonest cause.
-        hint = ("; YAML indents with spaces, not tabs" if "'\\t'" in str(exc.problem)
-                else "")
+        hint = ("; YAML indents with spaces, not tabs"
+                if "'\\t'" in str(getattr(exc, "problem", "") or "") else "")
         raise ConfigError(f"{p}: not valid YAML{line}{hint}") from None
     if overrides:
         if not isinstance(raw, dict | None):

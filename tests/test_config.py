@@ -284,14 +284,16 @@ def test_top_level_must_be_a_mapping(tmp_path, text):
         ("rounds: 3\nmaster: {host: [a\n", 3),
         ("rounds: 3\n\tseed: 1\n", 2),
         ("a: 'unclosed\n", 2),
+        ("rounds: 3\nname: a\x07b\n", 2),  # a control character: PyYAML's ReaderError
     ],
 )
 def test_not_yaml_names_the_line(tmp_path, text, line):
     msg = config_error(write(tmp_path, text))
     assert "not valid YAML" in msg
-    tab = "\t" in text
-    assert (f"at line {line}; YAML indents with spaces, not tabs" if tab
-            else f"at line {line}") == msg.rsplit(": not valid YAML ", 1)[1], msg
+    hint = ("; YAML indents with spaces, not tabs" if "\t" in text
+            else ": a control character ('\\x07') where text was expected" if "\x07" in text
+            else "")
+    assert f"at line {line}{hint}" == msg.rsplit(": not valid YAML ", 1)[1], msg
 
 
 def test_missing_file(tmp_path):
