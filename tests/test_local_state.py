@@ -230,3 +230,25 @@ def test_snapshots_behind_a_lagging_checkpoint_make_no_new_files(tmp_path: Path)
     # Round 115 freed 108 to 113: right after a release, spares for the next six rounds.
     assert snaps.rounds() == [114, 115]
     assert max(SPARES, lag - 1) <= len([n for n in files() if n.startswith(".spare-")]) <= lag
+
+
+def test_a_runs_snapshots_are_found_in_its_history_whatever_the_workers_name(
+        tmp_path: Path) -> None:
+    """A worker started alone to resume a run finds that run's snapshots where they are in
+    the history (its own runs/workers/<id>, or a run folder's), by the run's id; a name with
+    glob's characters (allowed in worker names) matched other workers' folders, or none."""
+    from worker.snapshots import RUN_FILE, find_run_snapshots
+
+    runs = tmp_path / "runs"
+    for place, run_id in ((runs / "20261128T000000Z-aaaaaa.failed" / "workers", "run1"),
+                          (runs / "workers", "run2")):
+        for name in ("w1", "w*", "node[1]"):
+            (place / name).mkdir(parents=True)
+            (place / name / RUN_FILE).write_text(run_id + "\n")
+    failed = runs / "20261128T000000Z-aaaaaa.failed" / "workers"
+    assert find_run_snapshots(runs, "node[1]", "run1") == failed / "node[1]"
+    assert find_run_snapshots(runs, "w*", "run1") == failed / "w*"
+    assert find_run_snapshots(runs, "w1", "run2") == runs / "workers" / "w1"
+    assert find_run_snapshots(runs, "w2", "run1") is None
+    assert find_run_snapshots(runs, "w1", "run3") is None
+    assert find_run_snapshots(tmp_path / "nowhere", "w1", "run1") is None

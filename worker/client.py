@@ -144,12 +144,15 @@ class Worker:
             device = known[worker_id].device if worker_id in known else "auto"
         self.device = resolve_device(device)
         self.data = local_data(cfg, worker_id, data_path)
-        self.snapshots = (Snapshots(state_dir or default_state_dir(cfg, worker_id), worker_id)
+        self._own_state_dir = Path(state_dir or default_state_dir(cfg, worker_id))
+        self.snapshots = (Snapshots(self._own_state_dir, worker_id)
                           if cfg.worker_snapshots else None)
-        # Beside a history link (runs/latest) with no folder named: the history, where a run
-        # `fedctl run` started keeps this worker's snapshots in its own folder.
+        # In a history (runs/latest, or a run folder beside its latest link) with no folder
+        # named: the history, where the run's snapshots may be in another run's folder (a run
+        # `fedctl run` started keeps them in its own) or in runs/workers/.
         out = Path(cfg.output_dir)
-        self._history = out.parent if state_dir is None and out.name == "latest" else None
+        self._history = (out.parent if state_dir is None and (
+            out.name == "latest" or (out.parent / "latest").is_symlink()) else None)
         self.run_id: str | None = None
         # This process's own token, in every request: the master tells two processes started
         # with one id apart (the earlier one is refused, `replaced`).
@@ -312,12 +315,15 @@ class Worker:
         if self.snapshots is not None and self.run_id is not None:
             run_id = str(self.run_id)
             if self._history is not None and not self.snapshots.holds(run_id):
-                # A resumed run of `fedctl run`: its snapshots are in its own folder.
+                # A resumed run: its snapshots may be elsewhere in the history; else (a new
+                # job) this worker's own folder, not one found for an earlier job.
                 found = find_run_snapshots(self._history, self.worker_id, run_id)
-                if found is not None and found != self.snapshots.folder:
-                    log.info("%s: its snapshots of run %s are in %s", self.worker_id, run_id,
-                             found)
-                    self.snapshots = Snapshots(found, self.worker_id)
+                folder = found if found is not None else self._own_state_dir
+                if folder != self.snapshots.folder:
+                    if found is not None:
+                        log.info("%s: its snapshots of run %s are in %s", self.worker_id,
+                                 run_id, found)
+                    self.snapshots = Snapshots(folder, self.worker_id)
             self.snapshots.adopt(run_id)
         log.info("%s registered with master %s (%d training, %d test documents, %s)",
                  self.worker_id, self.run_id, self.data.n_train, len(self.data.test_index),

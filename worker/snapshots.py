@@ -41,15 +41,20 @@ SPARES = 2
 
 
 def find_run_snapshots(root: str | Path, worker_id: str, run_id: str) -> Path | None:
-    """The folder under a runs history ``root`` (``runs/<run>/workers/<id>``) holding
-    ``worker_id``'s snapshots of run ``run_id``, the newest if several; None if none does.
-    A run ``fedctl run`` started keeps them in its own folder (``runs/<id>.failed/...`` once it
-    failed), where a worker started alone to resume it would not look."""
+    """The folder of a runs history ``root`` holding ``worker_id``'s snapshots of run
+    ``run_id`` (``runs/workers/<id>``, a worker started alone with ``runs/latest``; or
+    ``runs/<run>/workers/<id>``, a run ``fedctl run`` started, ``runs/<id>.failed/...`` once it
+    failed), the newest if several; None if none does. A worker started with another config
+    than the one that wrote them would not look there."""
+    root = Path(root)
+    places = [root / "workers" / worker_id]
+    with contextlib.suppress(OSError):  # (each run's folder, by name: ids may hold * or [)
+        places += [d / "workers" / worker_id for d in root.iterdir() if d.is_dir()]
     found = []
-    for marker in Path(root).glob(f"*/workers/{worker_id}/{RUN_FILE}"):
+    for folder in places:
         with contextlib.suppress(OSError):
-            if marker.read_text().strip() == run_id:
-                found.append(marker.parent)
+            if (folder / RUN_FILE).read_text().strip() == run_id:
+                found.append(folder)
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
