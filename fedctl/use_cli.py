@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import click
 
-from common import constants as C
 from common.atomic import atomic_write_bytes
 from fedctl.errors import fail
 
@@ -36,7 +35,7 @@ class _Document(NamedTuple):
 #: Extensions that say JSONL whatever the first line looks like (case aside).
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 #: Extensions of a table with a header naming a "text" column (and maybe an "id"): read with
-#: the csv module, quoted commas and line breaks included.
+#: the csv module (a CSV's quoted commas and line breaks included; a TSV is not quoted).
 TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
@@ -89,11 +88,21 @@ def _read_texts(path: str) -> list[_Document]:
 def _read_table(path: str, text: str, delimiter: str) -> list[_Document]:
     """The ``text`` column of a CSV or TSV file with a header (and its ``id`` column, if
     any); each document's line is the one its row begins on."""
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # strict: an unbalanced quote is an error, not the next rows swallowed into one field; a
+    # document as long as a JSONL line may be is a field as long.
+    csv.field_size_limit(max(csv.field_size_limit(), len(text)))
+    # A TSV has no quoting (a text may begin with "); a CSV's quotes hold commas and lines.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True,
+                        quoting=quoting)
     try:
-        header = [h.strip().lower() for h in next(reader)]
+        header: list[str] = []
+        while not any(h.strip() for h in header):  # blank lines before the header
+            header = [h.strip().lower() for h in next(reader)]
     except StopIteration:
         raise ValueError(f"{path}: no documents") from None
+    except csv.Error as exc:
+        raise ValueError(f"{path}:{reader.line_num}: not readable as a table ({exc})") from None
     if "text" not in header:
         raise ValueError(f"{path}:1: expected a header naming a \"text\" column (found: "
                          f"{', '.join(h for h in header if h)[:200] or 'none'})")
@@ -108,9 +117,8 @@ def _read_table(path: str, text: str, delimiter: str) -> list[_Document]:
             if len(row) <= at:
                 raise ValueError(f"{path}:{line}: {len(row)} column(s), no \"text\" "
                                  f"(column {at + 1})")
-            docs.append(_Document(line, row[at],
-                                  row[id_at] if id_at is not None and id_at < len(row)
-                                  else None))
+            given = row[id_at] if id_at is not None and id_at < len(row) else ""
+            docs.append(_Document(line, row[at], given or None))  # (an empty id: none)
     except csv.Error as exc:
         raise ValueError(f"{path}:{reader.line_num}: not readable as a table ({exc})") from None
     if not docs:
@@ -201,14 +209,6 @@ def _warn_if_failed(run: str) -> None:
                    err=True)
 
 
-#: What a run writes in its folder (files, and folders whose every file is the run's): an
-#: --output there would replace part of the run, its model first.
-RUN_OUTPUTS = frozenset({"model.npz", "model.json", "cluster.yaml", "summary.json",
-                         "comparison.md", "comparison.json", "metrics.jsonl", "reports.jsonl",
-                         "checkpoint.npz", "curves.png", C.FAILED_NOTE, C.MASTER_LOCK,
-                         "logs", "workers"})
-
-
 def _check_not_the_runs_own(path: Path, run: Path) -> None:
     """Refuse an output that is one of RUN's own files (``-o runs/x/model.json`` wrote the
     predictions over the model, and the run could no longer be used)."""
@@ -216,7 +216,9 @@ def _check_not_the_runs_own(path: Path, run: Path) -> None:
         inside = path.resolve().relative_to(run.resolve())
     except ValueError:
         return  # not in the run's folder
-    if inside.parts and inside.parts[0] in RUN_OUTPUTS:
+    from fedctl.run import RUN_FILES  # what a run writes in its folder, files and folders
+
+    if inside.parts and inside.parts[0] in RUN_FILES:
         raise ValueError(f"--output {path}: that is {run}'s own "
                          f"{'file' if len(inside.parts) == 1 else 'folder'} "
                          f"({inside.parts[0]}); name another file, e.g. "

@@ -256,6 +256,18 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     assert {k: v for k, v in rows[0].items() if k not in ("line", "id")} == {
         k: v for k, v in json.loads(shown.stdout.splitlines()[0]).items()
         if k not in ("line", "id")}
+    # A TSV is not quoted (a review may begin with "), a CSV's open quote is an error, not
+    # the rows after it swallowed into one document; blank lines before the header, an empty
+    # id, a document longer than the csv module's default field.
+    (tmp_path / "q.tsv").write_text('\n\nid\ttext\n1\tgood\n\t"Terrible film\n3\t' + "ok " * 50_000
+                                    + "\n")
+    rows = [json.loads(x) for x in CliRunner().invoke(
+        main, ["predict", str(out), str(tmp_path / "q.tsv"), "--no-progress"],
+        prog_name="fedctl").stdout.splitlines()]
+    assert [(r["line"], r.get("id")) for r in rows] == [(4, "1"), (5, None), (6, "3")], rows
+    (tmp_path / "open.csv").write_text('text\n"a, b\nc\n')
+    assert "open.csv:3: not readable as a table (unexpected end of data)" in fedctl(
+        "predict", str(out), str(tmp_path / "open.csv"))
     (tmp_path / "no_text.tsv").write_text("a\tb\n1\t2\n")
     assert 'no_text.tsv:1: expected a header naming a "text" column (found: a, b)' in fedctl(
         "predict", str(out), str(tmp_path / "no_text.tsv"))
