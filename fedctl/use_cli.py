@@ -185,7 +185,7 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
         records = model.records([d.text for d in docs], progress=progress)
         lines = [json.dumps({"line": d.line, **({} if d.id is None else {"id": d.id}), **r})
                  for d, r in zip(docs, records, strict=True)]
-    except (FileNotFoundError, ValueError, ModelError) as exc:
+    except (OSError, ValueError, ModelError) as exc:  # (an unwritable cache folder too)
         fail(exc)
     data = "".join(line + "\n" for line in lines).encode()
     if output is None:
@@ -329,7 +329,9 @@ def _show_unfinished(folder: Path) -> bool:
     state = run_state(folder)["state"]
     done = max((int(e["round"]) for e in events if e.get("event") == "round"), default=0)
     click.echo(f"run in {folder.resolve()}: {state}, no model")
-    why = failed_note(folder)
+    # fedctl run's note, else the master's own word (a master alone fails without a note)
+    why = failed_note(folder) or next((str(e.get("reason")) for e in reversed(events)
+                                       if e.get("event") == "failed"), None)
     if why:
         click.echo(f"FAILED: {why}")
     click.echo(f"family {cfg.family} ({json.dumps(cfg.family_params)}), strategy "

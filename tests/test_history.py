@@ -304,5 +304,11 @@ def test_show_tells_a_failed_runs_story_without_a_model(tmp_path: Path) -> None:
     (run / "checkpoint.npz").unlink()
     again = CliRunner().invoke(main, ["show", str(run)], prog_name="fedctl").stdout
     assert "failed, no model" in again and "continue with" not in again
+    # A master started alone leaves no note: its own `failed` event says why.
+    (run / "FAILED").unlink()
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "failed", "reason": "1 worker(s) left", "round": 4}) + "\n")
+    alone = CliRunner().invoke(main, ["show", str(run)], prog_name="fedctl").stdout
+    assert "FAILED: 1 worker(s) left" in alone, alone
     nothing = CliRunner().invoke(main, ["show", str(tmp_path)], prog_name="fedctl")
     assert nothing.exit_code == 1 and "not a finished fedctl run" in nothing.stderr

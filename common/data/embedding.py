@@ -256,7 +256,8 @@ def embed_texts_with_backend(
     level = logging.INFO if progress else logging.DEBUG
 
     folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    if keep:  # (read only: a folder that is not there holds nothing to read)
+        folder.mkdir(parents=True, exist_ok=True)
     try:
         dev, dev_error = resolve_device(device), None
     except DataError as exc:  # raised only if there is something to compute: a cache hit
