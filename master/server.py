@@ -179,7 +179,9 @@ class Master:
         self._announced_at = -float("inf")
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
-        self._resumed = False  # went back to a checkpoint (rounds past it are run again)
+        # Went back to a checkpoint, and its first round has not closed: requests of rounds past
+        # it were sent to the master that died (not counted as the workers' refusals).
+        self._resumed = False
         self._training_since = 0.0  # when training started (or resumed)
         self._next_scan = 0.0  # when _abandoned next looks at every worker
         self._budget_logged = False
@@ -448,7 +450,7 @@ class Master:
         if self._expected and wid not in self._expected:
             raise ProtocolError(f"worker {wid!r} is not in this cluster's worker list",
                                 code=errors.UNKNOWN_WORKER)
-        if (not self._expected and wid not in self.workers
+        if (not self.cfg.workers and wid not in self.workers
                 and len(self.workers) >= C.MAX_UNLISTED_WORKERS):
             raise ProtocolError(f"worker {wid!r}: this cluster has no worker list and already "
                                 f"admits {len(self.workers)} workers, its most "
@@ -1211,6 +1213,9 @@ class Master:
                                    f"steps completed (ABSTAIN_LIMIT)")
 
     def _next_round(self, last: bool) -> None:
+        # Its first round closed, a resumed master's workers all follow it: a request of a
+        # round ahead of it is a worker's doing again, and counted.
+        self._resumed = False
         if last:
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + self.cfg.report_timeout
@@ -1254,7 +1259,10 @@ class Master:
         # (a term an older checkpoint did not keep is not compared)
         changed = [f"{'' if k == 'workers' else 'data.'}{k}: {_short(kept[k])} in the "
                    f"checkpoint, {_short(v)} in the config"
-                   for k, v in self._data_terms.items() if k in kept and kept[k] != v]
+                   for k, v in self._data_terms.items() if k in kept and kept[k] != v
+                   # (a file not on this node has no size to compare: a master that never
+                   # reads it, baselines off)
+                   and not (k == "bytes" and None in (v, kept[k]))]
         if changed:  # its baselines would be cut from other data than the workers trained on,
             # and with another worker list each worker's share is other documents
             raise RuntimeError(f"--resume: the checkpoint's data is not {self.cfg.source}'s: "
