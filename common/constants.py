@@ -159,6 +159,11 @@ DENIAL_LOG_LIMIT = 5
 #: that fails with no reason is a master key that does not match the master's (the master
 #: cannot decrypt the hello); a few allow for a master dying mid-handshake.
 HANDSHAKE_FAILURES_TO_GIVE_UP = 3
+#: A connection to the master's ports that has not finished its ZMTP (and CURVE) handshake
+#: within this is closed (libzmq's default is 30 s): an outsider holding thousands of idle
+#: TCP connections, no key needed, ran the master out of file descriptors and locked the
+#: workers out. An honest handshake is a few hundred bytes.
+HANDSHAKE_IVL_MS = 5000
 #: Final reports of one worker the master keeps (a restarted worker reports again; a resent
 #: one is the same report and not counted); more are acknowledged and not kept.
 MAX_REPORTS_PER_WORKER = 3

@@ -71,10 +71,10 @@ REFUSED_UPDATE = frozenset({errors.BAD_FIELD, errors.DTYPE, errors.SHAPE, errors
 
 
 
-class _ResumeAnswer(ProtocolError):
-    """An error answer that a master's resume causes (a round not open yet, or one it went
-    back before): the worker redoes the round, and summary.json does not count it among the
-    worker's refused requests."""
+class _RedoAnswer(ProtocolError):
+    """An error answer that a restart causes, not the worker (a resumed master's round not
+    open yet, or one it went back before; a secure round begun again): the worker redoes the
+    round, and summary.json does not count it among the worker's refused requests."""
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -401,7 +401,7 @@ class Master:
                        M.UPDATE: self._on_update, M.REPORT: self._on_report,
                        M.PING: self._on_ping, M.SECAGG: self._on_secagg}[msg.kind]
             handler(msg, nbytes)
-        except _ResumeAnswer as exc:  # not the worker's doing: answered, not counted
+        except _RedoAnswer as exc:  # a restart's doing, not the worker's: answered, not counted
             log.debug("answered %r: %s (%s)", identity or worker_id, exc, exc.code)
             send_error(self.rep, exc.code, str(exc))
         except ProtocolError as exc:
@@ -540,7 +540,8 @@ class Master:
         if self.phase == JOINING:
             raise ProtocolError("no model yet: the cluster is still joining", code=errors.NOT_READY)
         if self.phase == TRAINING and self.open is None:
-            raise ProtocolError(f"round {self.round} is not open yet", code=errors.NOT_READY)
+            raise (_RedoAnswer if self._resumed else ProtocolError)(
+                f"round {self.round} is not open yet", code=errors.NOT_READY)
         payload = self.family.payload_for(ws.worker_id)
         # The setup (a vocabulary, a class list) only for a worker that asks for it.
         with_setup = msg.body.get("setup", True) is not False
@@ -589,7 +590,7 @@ class Master:
         if self.phase == TRAINING and rnd is None and b["round"] == self.round:
             # A resumed master before it reopens the round: the worker keeps its update's
             # round pending and redoes it when the round is published.
-            raise _ResumeAnswer(f"round {self.round} is not open yet", code=errors.NOT_READY)
+            raise _RedoAnswer(f"round {self.round} is not open yet", code=errors.NOT_READY)
         self._check_after_resume(b["round"])
         if self.phase != TRAINING or rnd is None or b["round"] != rnd.number:
             raise ProtocolError(f"update for round {b['round']}, but "
@@ -695,7 +696,7 @@ class Master:
         that died, the round is run again. Stale, but the resume's doing, not the worker's."""
         if (self._resumed and self.phase == TRAINING and isinstance(round_, int)
                 and round_ > self.round):
-            raise _ResumeAnswer(f"round {round_} is from before the master resumed at round "
+            raise _RedoAnswer(f"round {round_} is from before the master resumed at round "
                                 f"{self.round}: it is run again", code=errors.STALE_ROUND)
 
     def _on_secagg(self, msg: Message, nbytes: int) -> None:
@@ -703,7 +704,7 @@ class Master:
         if self.cfg.privacy.secure_aggregation is None:
             raise ProtocolError("this job has no secure aggregation", code=errors.REJECTED)
         if self.phase == TRAINING and self.open is None and msg.body["round"] == self.round:
-            raise _ResumeAnswer(f"round {self.round} is not open yet", code=errors.NOT_READY)
+            raise _RedoAnswer(f"round {self.round} is not open yet", code=errors.NOT_READY)
         self._check_after_resume(msg.body["round"])
         if self.phase in (REPORTING, DONE):
             why = self.summary.get("failed")
@@ -721,8 +722,8 @@ class Master:
         resumed is of a round opened again, which the worker redoes with fresh keys."""
         assert self.secure is not None
         if body.get("context") != self.secure.context:
-            raise ProtocolError(f"round {self.secure.number} was begun again (a master or a "
-                                f"worker restarted): redo it", code=errors.NOT_READY)
+            raise _RedoAnswer(f"round {self.secure.number} was begun again (a master or a "
+                              f"worker restarted): redo it", code=errors.NOT_READY)
 
     def _on_ping(self, msg: Message, nbytes: int) -> None:
         self._worker(msg)

@@ -24,6 +24,7 @@ from common.net.transport import (
     bind_pub,
     bind_rep,
     connect_sub,
+    free_ports,
     recv,
     send,
     send_error,
@@ -368,3 +369,28 @@ def test_a_workers_requests_wait_out_its_join_timeout() -> None:
     assert request_attempts(10) == C.REQUEST_RETRIES
     for join_timeout in (120, 300, 1000):
         assert request_attempts(join_timeout) * C.REQUEST_TIMEOUT >= join_timeout
+
+
+@pytest.mark.parametrize("bind", [bind_rep, bind_pub])
+def test_a_connection_that_never_handshakes_is_closed(ctx: zmq.Context, bind: Callable) -> None:
+    """Idle TCP connections, no key needed, held the master's file descriptors for libzmq's
+    30 s default: 30,000 of them locked the workers out. Closed after HANDSHAKE_IVL_MS now."""
+    import socket
+
+    from common import constants as C
+
+    port = free_ports(1)[0]
+    sock = bind(ctx, f"tcp://127.0.0.1:{port}")
+    try:
+        idle = socket.create_connection(("127.0.0.1", port), timeout=C.HANDSHAKE_IVL_MS / 1000 + 5)
+        started = time.monotonic()
+        try:
+            while idle.recv(4096):  # the greeting libzmq sends, then nothing: until closed
+                pass
+        except ConnectionResetError:
+            pass
+        waited = time.monotonic() - started
+        idle.close()
+        assert C.HANDSHAKE_IVL_MS / 1000 - 1 < waited < C.HANDSHAKE_IVL_MS / 1000 + 3, waited
+    finally:
+        sock.close(linger=0)

@@ -59,6 +59,7 @@ def bind_pub(ctx: zmq.Context, endpoint: str, setup: SocketSetup | None = None) 
     """A PUB socket bound to ``endpoint`` with a bounded send queue."""
     sock = _tune(ctx.socket(zmq.PUB), setup)
     sock.setsockopt(zmq.SNDHWM, C.PUB_SNDHWM)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, C.HANDSHAKE_IVL_MS)
     sock.bind(endpoint)
     return sock
 
@@ -70,6 +71,7 @@ def bind_rep(ctx: zmq.Context, endpoint: str, max_message_bytes: int = C.MAX_MES
     sock = _tune(ctx.socket(zmq.REP), setup)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.RCVHWM, C.REP_RCVHWM)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, C.HANDSHAKE_IVL_MS)
     sock.bind(endpoint)
     return sock
 
