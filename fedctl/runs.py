@@ -14,6 +14,7 @@ import numpy as np
 from common import constants as C
 from common.atomic import is_locked
 from common.config import ClusterConfig, load_config
+from common.npz import load_npz
 from common.runlog import read_metrics
 from fedctl.errors import one_line
 
@@ -76,9 +77,8 @@ def load_run(path: str | Path) -> Run:
     if not (folder / "model.npz").is_file():
         raise FileNotFoundError(f"{folder}: no model.npz ({_why_no_model(folder)})")
     try:
-        with np.load(folder / "model.npz", allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        arrays = load_npz(folder / "model.npz")  # (each array's size held to the file)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as exc:
         # (an empty file, a copy cut short: EOFError)
         raise ValueError(f"{folder / 'model.npz'}: not a readable model "
                          f"({one_line(exc)})") from None

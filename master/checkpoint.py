@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from common.atomic import atomic_write
+from common.npz import load_npz
 from common.runlog import MetricsLog
 from master.families.base import ServerFamily
 
@@ -94,16 +95,17 @@ class Checkpoint:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no checkpoint to resume from")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                parts: dict[str, dict[str, np.ndarray]] = {"global": {}, "strategy": {},
-                                                            "family": {}}
-                meta: dict[str, Any] = {}
-                for key in z.files:
-                    if key == _META:
-                        meta = json.loads(z[key].tobytes().decode())
-                    else:
-                        kind, _, name = key.partition("/")
-                        parts[kind][name] = z[key]
+            parts: dict[str, dict[str, np.ndarray]] = {"global": {}, "strategy": {},
+                                                        "family": {}}
+            meta: dict[str, Any] = {}
+            for key, value in load_npz(path).items():  # (each array's size held to the file)
+                if key == _META:
+                    meta = json.loads(value.tobytes().decode())
+                else:
+                    kind, _, name = key.partition("/")
+                    parts[kind][name] = value
+            if not isinstance(meta, dict):
+                raise ValueError("its record is not a JSON object")
         except Exception as exc:  # cut short, overwritten, not a checkpoint: numpy's readers
             # raise BadZipFile, EOFError, ValueError, KeyError, SyntaxError (a damaged header)
             raise CheckpointError(

@@ -203,7 +203,15 @@ class Master:
         self._data_terms = data_terms(cfg) if simulated(cfg) else {}
         if resume:
             try:
-                self._restore(Checkpoint.load(self.out))
+                ckpt = Checkpoint.load(self.out)
+                try:
+                    self._restore(ckpt)
+                except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+                    # A record edited by hand (or by someone else): one line, not a traceback.
+                    raise RuntimeError(
+                        f"{self.out / 'checkpoint.npz'}: its record is not a checkpoint's "
+                        f"({type(exc).__name__}: {str(exc)[:120]}): resume is not possible "
+                        f"from it") from None
             except BaseException:  # refused: its log closed (the lock goes in __init__)
                 self._checkpoints.close()
                 self.metrics.close()

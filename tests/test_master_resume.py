@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import zmq
 
@@ -150,6 +151,9 @@ def test_resume_refuses_a_config_of_another_model(tmp_path: Path,
 
 def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
         tmp_path: Path, make_config: MakeConfig) -> None:
+    from common.atomic import atomic_write
+    from master.checkpoint import FILENAME, Checkpoint
+
     """A resume with another data.limit went on and cut its baselines from other documents
     than the workers trained on; a damaged checkpoint gave a traceback (an empty one, a bare
     "Aborted!"); two masters into one folder both ran and mixed their metrics."""
@@ -185,6 +189,23 @@ def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
         (out / "checkpoint.npz").write_bytes(damaged)
         with pytest.raises(RuntimeError, match=r"checkpoint\.npz: unreadable .*resume is not "
                                                r"possible from it"):
+            Master(same, resume=True)
+    # Written by someone else: a deflated member (an 8 MB one held 8 GiB of zeros), and a
+    # record edited by hand (a KeyError, a TypeError... as tracebacks).
+    (out / "checkpoint.npz").write_bytes(good)
+    ckpt = Checkpoint.load(out)
+    arrays = {k: v for k, v in np.load(out / "checkpoint.npz").items()}
+    np.savez_compressed(out / "checkpoint.npz", **arrays)
+    with pytest.raises(RuntimeError, match=r"unreadable \(NpzError: .* is compressed"):
+        Master(same, resume=True)
+    for edit in ({"run_id": None}, {"version": [1]}, {"registrations": 5}):
+        meta = {**ckpt.meta, **edit}
+        if edit == {"run_id": None}:
+            del meta["run_id"]
+        atomic_write(out / FILENAME, Checkpoint(meta, ckpt.global_arrays, ckpt.strategy_arrays,
+                                                ckpt.family_arrays).write_to)
+        with pytest.raises(RuntimeError, match=r"its record is not a checkpoint's .*resume is "
+                                               r"not possible from it"):
             Master(same, resume=True)
 
 
