@@ -107,13 +107,17 @@ def _jsonable(x: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Read a metrics log, skipping a last line still being written."""
+    """Read a metrics log's events, skipping a last line still being written and any line
+    that is not an event (an object), as a hand edit or a copy's damage may leave: one such
+    line must not stop `fedctl runs`, `show` or `plot`."""
     events = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
+            event = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):  # (lists nested past the stack)
             continue
+        if isinstance(event, dict):
+            events.append(event)
     return events
 
 

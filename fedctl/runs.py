@@ -66,6 +66,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    except RecursionError:  # lists nested past Python's stack
+        raise ValueError(f"{path}: not readable JSON (nested too deep)") from None
     if not isinstance(found, dict):
         raise ValueError(f"{path}: expected a JSON object, found {type(found).__name__}")
     return found
@@ -233,7 +235,12 @@ def list_runs(root: str | Path) -> list[dict[str, Any]]:
         if folder.name == "latest" or not folder.is_dir() or not any(
                 (folder / name).is_file() for name in RUN_MARKS):
             continue
-        found.append(run_state(folder))
+        try:
+            found.append(run_state(folder))
+        except Exception as exc:  # fields of the wrong type: one bad run must not hide the rest
+            found.append({"path": folder, "family": "?", "workers": 0, "rounds": "-",
+                          "score": "-", "wall_s": None, "state": f"damaged: {one_line(exc)}",
+                          "started": None, "mtime": folder.stat().st_mtime})
     # By when each began: a folder's time changes whenever anything is written in it (a
     # prediction saved there moved an old run to the end); the folder's time only where no
     # event says.

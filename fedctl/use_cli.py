@@ -187,6 +187,8 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
                  for d, r in zip(docs, records, strict=True)]
     except (OSError, ValueError, ModelError) as exc:  # (an unwritable cache folder too)
         fail(exc)
+    except (TypeError, AttributeError, KeyError) as exc:  # a field of model.json of another type
+        fail(_damaged(run, exc))
     data = "".join(line + "\n" for line in lines).encode()
     if output is None:
         click.echo(data.decode(), nl=False)
@@ -196,6 +198,13 @@ def predict(run: str, input_path: str, output: str | None, progress: bool) -> No
         except OSError as exc:  # no room, no permission
             fail(OSError(f"--output {output}: cannot write ({exc.strerror or exc})"))
         click.echo(f"{len(lines)} predictions written to {output}", err=True)
+
+
+def _damaged(run: str, exc: BaseException) -> ValueError:
+    """A run folder whose files hold fields of another type than fedctl writes (a hand edit,
+    someone else's file), in one line."""
+    return ValueError(f"{run}: its files are not as fedctl writes them "
+                      f"({type(exc).__name__}: {str(exc)[:120]})")
 
 
 def _warn_if_failed(run: str) -> None:
@@ -264,6 +273,13 @@ def topics(run: str, n_words: int) -> None:
 def show(run: str) -> None:
     """Print what RUN was and what it gave: family, configuration, rounds, wall time, final
     scores and the comparison table. RUN defaults to runs/latest."""
+    try:
+        _show(run)
+    except (TypeError, AttributeError, KeyError) as exc:  # summary.json's fields of other types
+        fail(_damaged(run, exc))
+
+
+def _show(run: str) -> None:
     folder = Path(run)
     try:
         from fedctl.runs import failed_note, load_run, strategy_name, wall_time
@@ -410,6 +426,8 @@ def plot(runs: tuple[str, ...], output: str, title: str | None) -> None:
         click.echo(f"wrote {plot_runs(runs, output, title)}")
     except (OSError, ValueError) as exc:
         fail(exc)
+    except (TypeError, AttributeError, KeyError) as exc:  # a field of another type
+        fail(_damaged(", ".join(runs), exc))
 
 
 #: ``fedctl init --family NAME``: the example each family starts from.

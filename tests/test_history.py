@@ -312,3 +312,29 @@ def test_show_tells_a_failed_runs_story_without_a_model(tmp_path: Path) -> None:
     assert "FAILED: 1 worker(s) left" in alone, alone
     nothing = CliRunner().invoke(main, ["show", str(tmp_path)], prog_name="fedctl")
     assert nothing.exit_code == 1 and "not a finished fedctl run" in nothing.stderr
+
+
+def test_hand_edited_run_files_are_one_line_errors_and_hide_no_other_run(
+        tmp_path: Path) -> None:
+    """Files written by someone else (a hand edit, a damaged copy): a metrics line that is
+    not an event, JSON nested past Python's stack, summary fields of another type. Each was a
+    traceback, and one such folder ended `fedctl runs` for every other."""
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+    from fedctl.runs import read_json
+
+    runs = tmp_path / "runs"
+    good = _run_dir(runs, "good", finished=True)
+    odd = _run_dir(runs, "odd", finished=True)
+    with (odd / "metrics.jsonl").open("a") as f:
+        f.write("[1, 2]\n42\n" + "[" * 200_000 + "\n")
+    (odd / "summary.json").write_text(json.dumps({"rounds": 3, "workers": 5, "comparison": 7}))
+    listed = CliRunner().invoke(main, ["runs", str(runs)], prog_name="fedctl")
+    assert listed.exit_code == 0, listed.output
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:] if line.strip()}
+    assert rows["good"].rstrip().endswith("finished") and "damaged: " in rows["odd"]
+    (odd / "model.json").write_text("[" * 200_000)
+    with pytest.raises(ValueError, match="not readable JSON .nested too deep."):
+        read_json(odd / "model.json")
+    assert good.is_dir()
