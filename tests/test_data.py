@@ -330,6 +330,25 @@ def test_embeddings_not_kept_read_the_cache_and_write_nothing(
                                                 progress=False), atol=1e-6)
 
 
+def test_a_cache_file_someone_else_wrote_is_not_used(dbpedia: TextDataset, tmp_path: Path
+                                                     ) -> None:
+    """A cache entry replaced by NaN, complex numbers or a header declaring more rows than it
+    holds gave NaN probabilities (invalid JSON), a traceback, or an 8 TiB allocation: each is
+    ignored and the texts embedded again."""
+    texts = dbpedia.texts[:4]
+    good = embed_texts(texts, cache_dir=tmp_path, progress=False)
+    (entry,) = tmp_path.glob("*.npy")
+    for bad in (np.full((4, 384), np.nan, np.float32), np.zeros((4, 384), np.complex64),
+                np.zeros((4, 384), np.int32)):
+        np.save(entry, bad)
+        np.testing.assert_allclose(embed_texts(texts, cache_dir=tmp_path, progress=False),
+                                   good, atol=1e-6)
+    raw = entry.read_bytes().replace(b"'shape': (4, 384)", b"'shape': (4000000000000, 384)")
+    entry.write_bytes(raw)
+    np.testing.assert_allclose(embed_texts(texts, cache_dir=tmp_path, progress=False), good,
+                               atol=1e-6)
+
+
 def test_embed_default_cache_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDCTL_CACHE_DIR", str(tmp_path / "env-cache"))
     texts = [

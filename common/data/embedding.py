@@ -152,14 +152,20 @@ def _load_cached(cache_file: Path, n: int) -> np.ndarray | None:
     if not cache_file.is_file():
         return None
     try:
-        arr = np.load(cache_file, mmap_mode=None, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        # mmap: a header declaring more rows than the file holds is refused, not allocated
+        arr = np.load(cache_file, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, MemoryError) as exc:
         log.warning("embeddings: ignoring unreadable cache file %s (%s)", cache_file, exc)
         return None
-    if arr.ndim != 2 or arr.shape[0] != n:
-        log.warning("embeddings: ignoring cache file %s of shape %s", cache_file, arr.shape)
+    if arr.ndim != 2 or arr.shape[0] != n or arr.dtype.kind != "f":
+        log.warning("embeddings: ignoring cache file %s of shape %s, %s", cache_file,
+                    arr.shape, arr.dtype)
         return None
-    return arr.astype(np.float32, copy=False)
+    arr = np.array(arr, dtype=np.float32)  # (out of the map: the file may be replaced)
+    if not np.isfinite(arr).all():  # a file someone else wrote: NaN scores, invalid JSON
+        log.warning("embeddings: ignoring cache file %s holding NaN or infinity", cache_file)
+        return None
+    return arr
 
 
 def _encode_torch(texts: list[str], model_path: str, dev: str, batch_size: int,
