@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from common import constants as C
+from common.aggregate import all_finite
 from common.atomic import hold_lock
 from common.config import ClusterConfig, data_terms, job_terms
 from common.constants import REPORTS_FILE, STRATEGY_ARRAY_PREFIX
@@ -1256,6 +1257,12 @@ class Master:
             "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
+        # A checkpoint someone else wrote: its model must be numbers, all finite, or the
+        # resumed master would publish (and save) what no worker can train.
+        for name, a in ckpt.global_arrays.items():
+            if a.dtype.kind not in "fiub" or (a.dtype.kind == "f" and not all_finite(a)):
+                raise ValueError(f"model array {name!r} holds "
+                                 f"{'NaN or infinity' if a.dtype.kind == 'f' else a.dtype}")
         restore(ckpt, self.family)
         m = ckpt.meta
         if "terms" in m:  # (checkpoints written before the terms were kept: not compared)

@@ -198,6 +198,12 @@ def test_resume_refuses_other_data_a_damaged_checkpoint_and_a_second_master(
     np.savez_compressed(out / "checkpoint.npz", **arrays)
     with pytest.raises(RuntimeError, match=r"unreadable \(NpzError: .* is compressed"):
         Master(same, resume=True)
+    name = next(iter(ckpt.global_arrays))
+    nan_model = {**ckpt.global_arrays, name: np.full_like(ckpt.global_arrays[name], np.nan)}
+    atomic_write(out / FILENAME, Checkpoint(ckpt.meta, nan_model, ckpt.strategy_arrays,
+                                            ckpt.family_arrays).write_to)
+    with pytest.raises(RuntimeError, match=rf"not a checkpoint's .*'{name}' holds NaN"):
+        Master(same, resume=True)  # it would publish a model no worker can train
     for edit in ({"run_id": None}, {"version": [1]}, {"registrations": 5}):
         meta = {**ckpt.meta, **edit}
         if edit == {"run_id": None}:
