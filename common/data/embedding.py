@@ -3,6 +3,7 @@ its workers on one machine compute them once."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -281,26 +282,12 @@ def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: i
     from common.data import embedding_backends as eb
 
     cache_file = folder / f"{_cache_key(model_path, texts, label)[:32]}.npy"
-    if not keep:  # read only: a cache file appears whole (atomic_save_npy), no lock needed
-        cached = _load_cached(cache_file, len(texts))
-        if cached is not None:
-            log.log(level, "embeddings: cache hit %s", cache_file)
-            return cached, label
-        if dev_error is not None:
-            raise dev_error
-        try:
-            return _encode(texts, model_path, batch_size, dev, progress, label), label
-        except eb.BackendUnavailable as exc:
-            log.warning("embeddings: backend %s cannot load (%s); using torch instead",
-                        label, exc)
-            return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level,
-                                 "torch", keep=False)
-    lock_file = cache_file.with_name(cache_file.name + ".lock")
-
     # FileLock (flock where the OS has it) leaves the lock file in place on release:
     # unlinking it would let a waiter lock a deleted inode while a newcomer locks a fresh file,
     # and both would compute. No timeout: a waiter blocks until the computing caller is done.
-    with FileLock(lock_file):
+    # Read only (not keep), no lock: a cache file appears whole (atomic_save_npy).
+    with (FileLock(cache_file.with_name(cache_file.name + ".lock")) if keep
+          else contextlib.nullcontext()):
         cached = _load_cached(cache_file, len(texts))
         if cached is not None:
             log.log(level, "embeddings: cache hit %s", cache_file)
@@ -313,8 +300,9 @@ def _embed_cached(texts: list[str], model_path: str, folder: Path, batch_size: i
             log.warning("embeddings: backend %s cannot load (%s); using torch instead",
                         label, exc)
             return _embed_cached(texts, model_path, folder, batch_size, dev, progress, level,
-                                 "torch")
-        atomic_save_npy(cache_file, emb)
+                                 "torch", keep=keep)
+        if keep:
+            atomic_save_npy(cache_file, emb)
         return emb, label
 
 
