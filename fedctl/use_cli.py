@@ -313,8 +313,10 @@ def _show(run: str) -> None:
     privacy = s.get("privacy") or {}
     spent = privacy_spent(privacy)
     if spent:  # what a private run spent: the first thing its reader asks
-        click.echo(f"privacy: {', '.join(spent)}, δ {privacy.get('delta', '?'):g}")
-    if s.get("laplace_epsilon"):
+        delta = privacy.get("delta")
+        click.echo(f"privacy: {', '.join(spent)}"
+                   + (f", δ {delta:g}" if isinstance(delta, int | float) else ""))
+    if isinstance(s.get("laplace_epsilon"), int | float):
         click.echo(f"privacy: Laplace noise of ε {s['laplace_epsilon']:g} on each party's "
                    f"document–topic counts (iFTM)")
     if s.get("refused"):
@@ -343,7 +345,8 @@ def _show_unfinished(folder: Path) -> bool:
     except Exception:  # a folder half-written by a run still starting: the one-line error
         return False
     state = run_state(folder)["state"]
-    done = max((int(e["round"]) for e in events if e.get("event") == "round"), default=0)
+    done = max((e["round"] for e in events
+                if e.get("event") == "round" and isinstance(e.get("round"), int)), default=0)
     click.echo(f"run in {folder.resolve()}: {state}, no model")
     # fedctl run's note, else the master's own word (a master alone fails without a note)
     why = failed_note(folder) or next((str(e.get("reason")) for e in reversed(events)
