@@ -706,7 +706,7 @@ class Master:
         if (self._resumed and self.phase == TRAINING and isinstance(round_, int)
                 and round_ > self.round):
             raise _RedoAnswer(f"round {round_} is from before the master resumed at round "
-                                f"{self.round}: it is run again", code=errors.STALE_ROUND)
+                              f"{self.round}: it is run again", code=errors.STALE_ROUND)
 
     def _on_secagg(self, msg: Message, nbytes: int) -> None:
         ws = self._worker(msg)
