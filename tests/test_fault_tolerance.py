@@ -133,9 +133,14 @@ def _two_rounds_then_hold(procs: Procs, cfg: Path, out: Path) -> None:
     procs.master(cfg)
     procs.worker(cfg, "w1")
     procs.worker(cfg, "w2")
-    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2", procs.check_alive_or_ok)
+    # Each worker held as soon as its own log (unbuffered) shows round 2: the master's
+    # metrics.jsonl is written behind the rounds, and a 6-round job once ended before it
+    # showed two (the workers done, the master in its final reports).
     for w in ("w1", "w2"):
+        wait_for(lambda w=w: "round 2:" in procs.log(w), 120, f"round 2 on {w}",
+                 procs.check_alive_or_ok, interval=0.01)
         procs.procs[w].send_signal(signal.SIGSTOP)
+    wait_for(lambda: len(_rounds(out)) >= 2, 120, "round 2 in the log", procs.check_alive_or_ok)
 
 
 def test_master_started_again_without_resume_is_a_new_job(tmp_path: Path,
@@ -171,7 +176,8 @@ def test_master_stopped_by_sigterm_says_how_to_resume(tmp_path: Path, make_confi
                       output_dir=str(out))
     _two_rounds_then_hold(procs, cfg, out)
     procs.procs["master"].send_signal(signal.SIGTERM)
-    assert procs.procs.pop("master").wait(timeout=30) == 128 + signal.SIGTERM
+    assert procs.procs.pop("master").wait(timeout=30) == 128 + signal.SIGTERM, \
+        procs.log("master")[-3000:]
     assert procs.log("master").strip().splitlines()[-1] == (
         f"Error: stopped by SIGTERM; the checkpoint in {out} is kept: continue with "
         f"`fedctl master --config {out / 'cluster.yaml'} --resume`")
