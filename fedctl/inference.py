@@ -125,13 +125,14 @@ class TrainedModel(ABC):
         # The backend the workers embedded with (data.embedding_backend): another one's
         # features differ in the last digits, and its cache entry is another file. The cache
         # is read (a file the cluster trained on costs no embedding), written only where asked.
-        found = embed_texts(texts, model_path=cfg.data.embedding_model,
-                            cache_dir=cfg.data.cache_dir, device=self.device, progress=progress,
-                            backend=cfg.data.embedding_backend, keep=self.keep_embeddings)
-        if self.input_dim and found.shape[1] != self.input_dim:  # (a cache file replaced)
-            raise ModelError(f"the sentence model gave {found.shape[1]} features a document, "
-                             f"this model takes {self.input_dim}")
-        return found
+        features = embed_texts(texts, model_path=cfg.data.embedding_model,
+                               cache_dir=cfg.data.cache_dir, device=self.device,
+                               progress=progress, backend=cfg.data.embedding_backend,
+                               keep=self.keep_embeddings)
+        if self.input_dim and features.shape[1] != self.input_dim:  # (a cache file replaced)
+            raise ModelError(f"the sentence model gave {features.shape[1]} features a "
+                             f"document, this model takes {self.input_dim}")
+        return features
 
     @property
     def input_dim(self) -> int | None:

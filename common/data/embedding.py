@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from common.aggregate import all_finite
 from common.atomic import atomic_save_npy
 from common.data.reading import DataError
 
@@ -163,7 +164,7 @@ def _load_cached(cache_file: Path, n: int) -> np.ndarray | None:
                     arr.shape, arr.dtype)
         return None
     arr = np.array(arr, dtype=np.float32)  # (out of the map: the file may be replaced)
-    if not np.isfinite(arr).all():  # a file someone else wrote: NaN scores, invalid JSON
+    if not all_finite(arr):  # a file someone else wrote: NaN scores, invalid JSON
         log.warning("embeddings: ignoring cache file %s holding NaN or infinity", cache_file)
         return None
     return arr
