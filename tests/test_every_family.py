@@ -11,12 +11,14 @@ refuses it in one line.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fedctl.launch import child_env
 from master.families import SERVER_FAMILIES
 from tests.conftest import DATA, MakeConfig, run_fedctl
 
@@ -91,3 +93,27 @@ def test_classifier_refuses_unlabelled_text_in_one_line(make_config: MakeConfig,
                         f"learns from labels (the unsupervised families nmf, prodlda, "
                         f"combinedtm, fstc, lda and sentencelda train on text alone)")
     assert not (tmp_path / "out" / "logs").exists()  # nothing was started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["prodlda", "lda"])
+def test_topic_family_finishes_on_a_node_without_gensim(make_config: MakeConfig,
+                                                        tmp_path: Path, family: str) -> None:
+    """A node built without gensim (the GPU image of issue 31 was): the run used to fail at
+    its very end, in the closing report's sliding-window coherence; now it finishes, says
+    once what it left out, and every other score is there."""
+    shadow = tmp_path / "site"
+    (shadow / "gensim").mkdir(parents=True)
+    (shadow / "gensim" / "__init__.py").write_text(  # what importing an absent package raises
+        "raise ModuleNotFoundError(\"No module named 'gensim'\", name='gensim')\n")
+    config = make_config(tmp_path, workers=2, rounds=5 if family == "prodlda" else 2,
+                         baselines=True, model={"family": family, **SMALL[family]})
+    env = child_env(extra={"PYTHONPATH": os.pathsep.join(
+        p for p in (str(shadow), os.environ.get("PYTHONPATH")) if p)})
+    proc = run_fedctl("run", "--config", str(config), "--no-progress", timeout=600, env=env)
+    _assert_finished(proc, tmp_path / "out", family)
+    rows = json.loads((tmp_path / "out" / "summary.json").read_text())["comparison"]
+    assert all(r.get("federated_npmi_doc") is not None for r in rows), rows
+    assert not any("c_v" in key or "c_npmi" in key for r in rows for key in r), rows
+    said = (tmp_path / "out" / "logs" / "w1.log").read_text()
+    assert said.count("gensim is not installed here") == 1, said

@@ -15,6 +15,7 @@ Two kinds of NPMI coherence:
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
     from common.models.ntm import NeuralTopicModel
 
 __all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "reference_tokens",
-           "gensim_coherence", "topic_diversity", "rbo", "inverted_rbo", "embedding_coherence",
+           "gensim_coherence", "window_coherence", "topic_diversity", "rbo", "inverted_rbo", "embedding_coherence",
            "svm_scores", "neural_topic_scores", "lda_topic_scores"]
+
+log = logging.getLogger("fedctl.eval")
 
 #: The measures :func:`gensim_coherence` computes by default.
 GENSIM_MEASURES = ("c_npmi", "c_v")
@@ -186,6 +189,29 @@ def gensim_coherence(topics: Topics, reference: Sequence[Sequence[str]],
     return out
 
 
+def window_coherence(topics: Topics, reference_texts: Sequence[str] | None,
+                     vocab: Sequence[str]) -> dict[str, float]:
+    """:func:`gensim_coherence` of ``topics`` on ``reference_texts`` (tokenized over
+    ``vocab``) for a run's report: empty without reference texts, and empty, with a warning
+    (once), where gensim is not installed. A node built without it (a GPU image, say) then
+    finishes its run without those two scores rather than failing at the very end of it."""
+    global _gensim_warned
+    if reference_texts is None:
+        return {}
+    try:
+        return gensim_coherence(topics, reference_tokens(reference_texts, vocab))
+    except ImportError as exc:
+        if not _gensim_warned:
+            _gensim_warned = True
+            log.warning("topic coherence: %s (gensim is not installed here): %s are left out "
+                        "of the scores; `pip install gensim` puts them back", exc,
+                        " and ".join(GENSIM_MEASURES))
+        return {}
+
+
+_gensim_warned = False
+
+
 # hand-written: one set count (Dieng et al.'s TD); not worth a topic-model toolkit
 def topic_diversity(topics: Topics, top_n: int = 10) -> float:
     """Fraction of unique words among all topics' ``top_n`` words (Dieng et al. 2020).
@@ -311,8 +337,7 @@ def neural_topic_scores(model: NeuralTopicModel, vocab: list[str], x_train: sp.c
     if x_test.shape[0]:
         out["perplexity"] = model.perplexity(x_test, c_test)
     out["npmi_doc"] = npmi_coherence(topics, sp.vstack([x_train, x_test]), vocab)
-    if reference_texts is not None:
-        out.update(gensim_coherence(topics, reference_tokens(reference_texts, vocab)))
+    out.update(window_coherence(topics, reference_texts, vocab))
     out["topic_diversity"] = topic_diversity(topics)
     out["inverted_rbo"] = inverted_rbo(topics)
     out.update(svm_scores(model.transform(x_train, c_train), y_train,
@@ -334,8 +359,7 @@ def lda_topic_scores(topic_word: np.ndarray, test: Corpus,
 
     ll = heldout_log_likelihood(topic_word, test, alpha, eval_iter, seed)
     heads = top_words(topic_word, vocab, 10)
-    windows = ({} if reference_texts is None
-               else gensim_coherence(heads, reference_tokens(reference_texts, vocab)))
+    windows = window_coherence(heads, reference_texts, vocab)
     return {"heldout_ll": ll["loglik"], "heldout_ll_per_token": ll["loglik_per_token"],
             "perplexity": ll["perplexity"],
             "npmi_doc": npmi_coherence(heads, reference_bow, vocab),
