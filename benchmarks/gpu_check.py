@@ -42,6 +42,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from common.atomic import atomic_write_bytes  # noqa: E402
 from common.net.transport import free_ports  # noqa: E402
 from common.runlog import read_metrics  # noqa: E402
 from fedctl.bench.report import command_line  # noqa: E402
@@ -179,6 +180,41 @@ def table(results: dict[str, dict[str, Any]], devices: list[str]) -> list[str]:
     return rows
 
 
+def write_report(args: argparse.Namespace, results: dict[str, dict[str, Any]],
+                 devices: list[str], missing: str | None, work: Path, seconds: float,
+                 done: int, total: int) -> None:
+    """``NAME.md`` and ``NAME.json`` of the runs so far: written after every run, so that a
+    check stopped at a time limit keeps the families it finished."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if not missing and "cuda" in devices else None
+    lines = [
+        "# Every family on the GPU and on the CPU (issue 31)", "",
+        f"`{command_line(ROOT)}`", "",
+        f"Each family's example job through `fedctl run` (a master and its workers as "
+        f"processes on loopback, `security: none`, `baselines: false`"
+        f"{f', {args.rounds} rounds' if args.rounds else ', the example’s rounds'}"
+        f"{f', the first {args.limit} documents' if args.limit else ''}), every "
+        f"worker at `device: cuda`, then at `device: cpu`. Machine: {os.cpu_count()} CPU "
+        f"cores, GPU: {gpu or 'none used'}; torch {torch.__version__}. "
+        f"{seconds / 60:.1f} min in all"
+        + ("" if done == total else f", {done} of {total} families done so far") + ". "
+        "*final*: mean over the workers "
+        "of the final model's federated score (higher is better except perplexity); "
+        "*train s/round*: median over rounds and workers of the workers' `train_time`; "
+        "*tensors on GPU*: the least share, over rounds and workers, of the family's torch "
+        "tensors on a CUDA device after training; *peak GPU MB*: the most a round allocated.",
+        "", *table(results, devices), "",
+        *([f"Not run on cuda: {missing}."] if missing and "cuda" in devices else []), ""]
+    args.results.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(args.results / f"{args.name}.md", ("\n".join(lines) + "\n").encode())
+    atomic_write_bytes(args.results / f"{args.name}.json", json.dumps(
+        {"command": command_line(ROOT), "devices": devices, "rounds": args.rounds,
+         "gpu": gpu, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+         "work": str(work), "families_done": done, "families": total, "results": results},
+        indent=2).encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda,cpu",
@@ -219,32 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_fmt(r['tensors_on_gpu_min'], '.0%')}, peak GPU "
                   f"{_fmt(r['gpu_peak_mb_max'], '.1f')} MB, {r['wall_s']:.1f} s"
                   + (f", error: {r['error']}" if r["error"] else ""), flush=True)
-    import torch
-
-    gpu = torch.cuda.get_device_name(0) if not missing and "cuda" in devices else None
-    lines = [
-        "# Every family on the GPU and on the CPU (issue 31)", "",
-        f"`{command_line(ROOT)}`", "",
-        f"Each family's example job through `fedctl run` (a master and its workers as "
-        f"processes on loopback, `security: none`, `baselines: false`"
-        f"{f', {args.rounds} rounds' if args.rounds else ', the example’s rounds'}"
-        f"{f', the first {args.limit} documents' if args.limit else ''}), every "
-        f"worker at `device: cuda`, then at `device: cpu`. Machine: {os.cpu_count()} CPU "
-        f"cores, GPU: {gpu or 'none used'}; torch {torch.__version__}. "
-        f"{(time.monotonic() - t_all) / 60:.1f} min in all. *final*: mean over the workers "
-        f"of the final model's federated score (higher is better except perplexity); "
-        f"*train s/round*: median over rounds and workers of the workers' `train_time`; "
-        f"*tensors on GPU*: the least share, over rounds and workers, of the family's torch "
-        f"tensors on a CUDA device after training; *peak GPU MB*: the most a round allocated.",
-        "", *table(results, devices), "",
-        *([f"Not run on cuda: {missing}."] if missing and "cuda" in devices else []), ""]
-    md = "\n".join(lines)
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.name}.md").write_text(md + "\n")
-    (args.results / f"{args.name}.json").write_text(json.dumps(
-        {"command": command_line(ROOT), "devices": devices, "rounds": args.rounds,
-         "gpu": gpu, "torch": torch.__version__, "cpu_count": os.cpu_count(),
-         "work": str(work), "results": results}, indent=2))
+        write_report(args, results, devices, missing, work, time.monotonic() - t_all,
+                     done=len(results), total=len(families))
+    md = (args.results / f"{args.name}.md").read_text()
     print(md)
     failed = [f"{f}/{d}" for f, by in results.items() for d, r in by.items() if r.get("error")]
     return 1 if failed else 0

@@ -27,7 +27,9 @@ def test_gpu_check_runs_on_any_machine(tmp_path: Path, embed_cache: Path) -> Non
                            "--results", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=child_env(embed_cache))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    res = json.loads((tmp_path / "gpu_check.json").read_text())["results"]["mlp"]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert (report["families_done"], report["families"]) == (1, 1)  # written after each family
+    res = report["results"]["mlp"]
     cpu = res["cpu"]
     assert cpu["rounds"] == 2 and cpu["error"] is None
     assert 0 < cpu["final"] <= 1 and cpu["train_s_per_round"] > 0
