@@ -156,7 +156,7 @@ def table(results: dict[str, dict[str, Any]], devices: list[str]) -> list[str]:
         for d in devices:
             r = by_device[d]
             if r.get("skipped"):
-                cells += ["not run (no CUDA)", "—"]
+                cells += ["not run (no CUDA)" if "CUDA" in r["skipped"] else "not run", "—"]
             elif r["error"]:
                 cells += [f"failed: {r['error']}", "—"]
             else:
