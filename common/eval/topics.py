@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from common.models.ntm import NeuralTopicModel
 
 __all__ = ["top_words", "npmi_coherence", "npmi_per_topic", "reference_tokens",
-           "gensim_coherence", "window_coherence", "topic_diversity", "rbo", "inverted_rbo", "embedding_coherence",
-           "svm_scores", "neural_topic_scores", "lda_topic_scores"]
+           "gensim_coherence", "window_coherence", "topic_diversity", "rbo", "inverted_rbo",
+           "embedding_coherence", "svm_scores", "neural_topic_scores", "lda_topic_scores"]
 
 log = logging.getLogger("fedctl.eval")
 
