@@ -189,12 +189,16 @@ def gensim_coherence(topics: Topics, reference: Sequence[Sequence[str]],
     return out
 
 
+_gensim_warned = False  # window_coherence's warning is said once a process
+
+
 def window_coherence(topics: Topics, reference_texts: Sequence[str] | None,
                      vocab: Sequence[str]) -> dict[str, float]:
     """:func:`gensim_coherence` of ``topics`` on ``reference_texts`` (tokenized over
     ``vocab``) for a run's report: empty without reference texts, and empty, with a warning
-    (once), where gensim is not installed. A node built without it (a GPU image, say) then
-    finishes its run without those two scores rather than failing at the very end of it."""
+    (once), where gensim cannot be imported (not installed, or built for another numpy). A
+    node without it (a GPU image, say) then finishes its run without those two scores rather
+    than failing at the very end of it."""
     global _gensim_warned
     if reference_texts is None:
         return {}
@@ -203,13 +207,10 @@ def window_coherence(topics: Topics, reference_texts: Sequence[str] | None,
     except ImportError as exc:
         if not _gensim_warned:
             _gensim_warned = True
-            log.warning("topic coherence: %s (gensim is not installed here): %s are left out "
+            log.warning("topic coherence: %s (gensim cannot be imported here): %s are left out "
                         "of the scores; `pip install gensim` puts them back", exc,
                         " and ".join(GENSIM_MEASURES))
         return {}
-
-
-_gensim_warned = False
 
 
 # hand-written: one set count (Dieng et al.'s TD); not worth a topic-model toolkit
