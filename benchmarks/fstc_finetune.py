@@ -166,6 +166,7 @@ def main() -> None:
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     cells_path = args.out / "fstc_finetune_cells.jsonl"
+    cells_path.write_text("")  # this run's cells only (appended as each one ends)
     tasks = [{"dataset": d, "seed": s, "rounds": args.rounds, "iterations": args.iterations,
               "device": args.device, "data": str(args.data), "limit": args.limit,
               "matmul": args.matmul}

@@ -182,9 +182,9 @@ def table(results: dict[str, dict[str, Any]], devices: list[str]) -> list[str]:
 
 def write_report(args: argparse.Namespace, results: dict[str, dict[str, Any]],
                  devices: list[str], missing: str | None, work: Path, seconds: float,
-                 done: int, total: int) -> None:
-    """``NAME.md`` and ``NAME.json`` of the runs so far: written after every run, so that a
-    check stopped at a time limit keeps the families it finished."""
+                 done: int, total: int) -> str:
+    """Write ``NAME.md`` and ``NAME.json`` of the families run so far (after each one, so that
+    a check stopped at a time limit keeps those it finished); returns the markdown."""
     import torch
 
     gpu = torch.cuda.get_device_name(0) if not missing and "cuda" in devices else None
@@ -206,13 +206,15 @@ def write_report(args: argparse.Namespace, results: dict[str, dict[str, Any]],
         "tensors on a CUDA device after training; *peak GPU MB*: the most a round allocated.",
         "", *table(results, devices), "",
         *([f"Not run on cuda: {missing}."] if missing and "cuda" in devices else []), ""]
+    md = "\n".join(lines) + "\n"
     args.results.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(args.results / f"{args.name}.md", ("\n".join(lines) + "\n").encode())
+    atomic_write_bytes(args.results / f"{args.name}.md", md.encode())
     atomic_write_bytes(args.results / f"{args.name}.json", json.dumps(
         {"command": command_line(ROOT), "devices": devices, "rounds": args.rounds,
          "gpu": gpu, "torch": torch.__version__, "cpu_count": os.cpu_count(),
          "work": str(work), "families_done": done, "families": total, "results": results},
         indent=2).encode())
+    return md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,9 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_fmt(r['tensors_on_gpu_min'], '.0%')}, peak GPU "
                   f"{_fmt(r['gpu_peak_mb_max'], '.1f')} MB, {r['wall_s']:.1f} s"
                   + (f", error: {r['error']}" if r["error"] else ""), flush=True)
-        write_report(args, results, devices, missing, work, time.monotonic() - t_all,
-                     done=len(results), total=len(families))
-    md = (args.results / f"{args.name}.md").read_text()
+        md = write_report(args, results, devices, missing, work, time.monotonic() - t_all,
+                          done=len(results), total=len(families))
     print(md)
     failed = [f"{f}/{d}" for f, by in results.items() for d, r in by.items() if r.get("error")]
     return 1 if failed else 0
