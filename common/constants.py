@@ -182,6 +182,10 @@ NORM_OUTLIER_FACTOR = 20.0
 #: An aggregate whose norm grows more than this many times over the model it replaces is not
 #: published: the round is redone without the update furthest out.
 NORM_GROWTH_LIMIT = 100.0
+#: Largest magnitude of any value the master publishes: workers compute in float32 and square
+#: what they are sent (variances, norms, distances to centres), so a value past the square root
+#: of float32's largest would overflow there, however finite it is in the master's float64.
+PUBLISHED_VALUE_LIMIT = 1.8e19
 
 #: A participant that stays silent (alive, but no upload) in this many rounds in a row, or that
 #: abstains this many times from a multi-round step, is excluded from the rest of the job.

@@ -7,8 +7,9 @@ Each check is a bound documented in :mod:`common.constants`:
   updates or more, so is one whose distance to the model it was built on is more than
   ``NORM_OUTLIER_FACTOR`` times the round's lower median distance (with two, nothing says which
   one is wrong: a hostile one that only nudges the model would get the honest one left out);
-* an aggregate that holds NaN or Inf, or whose norm grows past ``NORM_GROWTH_LIMIT`` times the
-  model it replaces, is not published: it is undone and redone without the update furthest out;
+* an aggregate that holds NaN or Inf, a value past ``PUBLISHED_VALUE_LIMIT`` (what a float32
+  worker can square), or whose norm grows past ``NORM_GROWTH_LIMIT`` times the model it
+  replaces, is not published: it is undone and redone without the update furthest out;
 * with ``max_weight_fraction`` set, no worker's share of a weighted average exceeds it.
 
 Robust aggregation (trimmed means, Krum) is a strategy's job; these checks only keep what is
@@ -78,14 +79,25 @@ def outliers(distances: Mapping[str, float], factor: float = C.NORM_OUTLIER_FACT
     return out
 
 
+def largest_value(arrays: Mapping[str, np.ndarray]) -> float:
+    """The largest magnitude among the arrays' values (0 for none)."""
+    return max((float(np.abs(a).max()) for a in arrays.values() if np.asarray(a).size),
+               default=0.0)
+
+
 def aggregate_problem(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
                       limit: float = C.NORM_GROWTH_LIMIT) -> str | None:
     """Why an aggregate must not be published, or None if it may. The growth bound applies
     where the aggregate has the arrays of the model it replaces (not to a step's statistics,
-    nor to a model that grows by design)."""
+    nor to a model that grows by design); the bound on values applies to all."""
     new = norm(after)
     if not math.isfinite(new):
         return "the aggregate holds NaN or Inf"
+    # No value is past the norm: the values are only looked at when the norm is that large.
+    if new > C.PUBLISHED_VALUE_LIMIT and (
+            top := largest_value(after)) > C.PUBLISHED_VALUE_LIMIT:
+        return (f"the aggregate holds a value of {top:.3g}, past the {C.PUBLISHED_VALUE_LIMIT:g} "
+                f"a float32 worker can square")
     same = set(before) == set(after) and all(before[n].shape == after[n].shape for n in after)
     old = norm(before) if same else 0.0
     if old > 0 and new > limit * old:

@@ -46,6 +46,11 @@ def test_an_exploding_or_non_finite_aggregate_is_a_problem() -> None:
     assert "100 times" in screening.aggregate_problem(before, _model(1e3))
     nan = {n: np.full_like(a, np.nan) for n, a in before.items()}
     assert "NaN" in screening.aggregate_problem(before, nan)
+    # A value finite in float64 that a float32 worker could not square (phase statistics
+    # have no model to grow from); the check looks at values only past the norm's bound.
+    stats = {"sum_g": np.array([1e30, 1.0])}
+    assert "float32 worker can square" in screening.aggregate_problem({}, stats)
+    assert screening.aggregate_problem({}, {"sum_g": np.full(10**4, 1e17)}) is None
     # A model that grows by design (other arrays) is only checked for being finite.
     assert screening.aggregate_problem({"t": np.zeros((0, 5), np.float32)},
                                        {"t": np.full((3, 5), 1e6, np.float32)}) is None

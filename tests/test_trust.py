@@ -536,6 +536,80 @@ def test_one_of_two_members_whose_batch_moments_are_far_off_is_found(
             assert np.all(np.isfinite(model[name])) and model[name].max() < 100, name
 
 
+@pytest.mark.slow
+def test_one_of_two_members_whose_gradient_sums_overflow_float32_is_excluded(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """prodlda, synchronized batch norm, two workers: w1 sends sums of 1e100 at the decoder's
+    logits (phase 2), finite in the master's float64 but not in the workers' float32. They
+    used to be published: w2's next phase was then non-finite, w2 was refused and blamed, and
+    the job ended having trained nothing. Now no value past what a float32 worker can square
+    is published: w1 is left out, its steps are redone, it is excluded, and w2 trains."""
+    from common.models.ntm_sync_bn import N_PHASES
+    from worker.families.base import FitResult
+    from worker.families.ntm import ProdLDAClient
+
+    fit = ProdLDAClient.fit
+
+    def overflowing_fit(self, round_, meta, arrays):  # only w1 runs in this process
+        honest = fit(self, round_, meta, arrays)
+        if int(meta.get("phase", 0)) != 2 or "sum_g" not in honest.arrays:
+            return honest
+        return FitResult({k: np.full_like(v, 1e100) for k, v in honest.arrays.items()},
+                         honest.n_samples, honest.metrics)
+
+    monkeypatch.setattr(ProdLDAClient, "fit", overflowing_fit)
+    steps = 2
+    config = _config(make_config, tmp_path, workers=2, rounds=N_PHASES * (steps + 4),
+                     min_workers=1, model={"family": "prodlda", "vocab_size": 500})
+    summary, errors = _run_beside_a_hostile_w1(procs, config, honest=("w2",))
+    assert "w1" in summary["excluded"] and "w2" not in summary["excluded"], summary
+    assert summary["trained"]["steps"] >= steps, summary["trained"]
+    log = procs.log("master")
+    assert "float32 worker can square" in log and "the update of w2" not in log, log
+
+
+@pytest.mark.slow
+def test_fstc_centres_or_head_of_one_of_two_members_far_off_are_left_out(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """FSTC, two workers: w1 sends centres of 1e5 (finite, under the coordinate bound, its
+    counts in order) and, in the final round, honest centres beside a head of ±1e5. The
+    master compared whole models only, and FSTC's published arrays change between rounds
+    (the start's head, then centres alone, then centres and head), so both used to be
+    published: w2 was then refused and
+    excluded, and the job ended 0 with a model of 1e5 centres. Now centres and head are each
+    held to the growth limit: w1 is left out every round, and the model is w2's."""
+    from worker.families.base import FitResult
+    from worker.families.fstc import FSTCClient
+
+    fit = FSTCClient.fit
+
+    def far_fit(self, round_, meta, arrays):  # only w1 runs in this process
+        honest = fit(self, round_, meta, arrays)
+        # Far centres, then (with honest centres) a far head in the final round.
+        far = ("head.weight", "head.bias") if "head.weight" in honest.arrays else ("centers",)
+        sign = {"head.bias": -1}
+        arrays = {k: np.full_like(v, sign.get(k, 1) * 1e5) if k in far else v
+                  for k, v in honest.arrays.items()}
+        return FitResult(arrays, honest.n_samples, honest.metrics)
+
+    monkeypatch.setattr(FSTCClient, "fit", far_fit)
+    rounds = 3
+    config = _config(make_config, tmp_path, workers=2, rounds=rounds, min_workers=1,
+                     model={"family": "fstc", "n_clusters": 4, "iterations": 5,
+                            "batch_size": 64}, data={"task": "multiclass"})
+    summary, errors = _run_beside_a_hostile_w1(procs, config, honest=("w2",))
+    assert not summary.get("failed") and "w2" not in summary["excluded"], summary
+    log = procs.log("master")
+    assert log.count("the update of w1 is left out") == rounds, log
+    assert "the centres:" in log and "the head:" in log, log
+    assert "the update of w2" not in log, log
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    with np.load(out / "model.npz") as model:
+        assert all(np.abs(model[n]).max() < 1e3 for n in model.files), model.files
+
+
 def test_secure_sums_refused_round_after_round_end_the_job_saying_why(
         tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
         procs: Procs) -> None:
@@ -1013,6 +1087,68 @@ def test_fstc_takes_numbers_for_centres_and_the_model_only_in_the_final_round() 
         server.check_update(r.arrays)
     model = server.aggregate(2, results).arrays
     np.testing.assert_array_equal(model["encoder.layer.weight"], encoder["encoder.layer.weight"])
+
+
+def test_fstc_centres_and_head_far_off_are_refused_or_not_published() -> None:
+    """An FSTC update's centres past MAX_COORDINATE are refused at receipt; under it, centres
+    or a final head that grow the published ones past the growth limit are not published
+    (the family raises, the master leaves out the update furthest out), while honest ones
+    are."""
+    from common.config import parse_config
+    from master.families.fstc import MAX_COORDINATE, FSTCServer
+    from master.strategies import ClientResult, make_strategy
+
+    k, dim = 3, 4
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 2,
+                        "model": {"family": "fstc", "n_clusters": k}}, "<test>")
+    server = FSTCServer(cfg, make_strategy("fedavg"))
+    rng = np.random.default_rng(0)
+    info = {"n_clusters": k, "dim": dim, "centers": (rng.normal(size=(k, dim)) / 4).tolist(),
+            "counts": [5, 5, 5]}
+    first = server.setup({"w1": info, "w2": info})
+    up = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
+    with pytest.raises(ProtocolError, match="centers: a coordinate past"):
+        server.check_update({**up, "centers": np.full((k, dim), 2 * MAX_COORDINATE,
+                                                      np.float32)})
+    far = {**up, "centers": np.full((k, dim), 1e5, np.float32)}
+    server.check_update(far)  # under the bound: for the growth check
+    with pytest.raises(ValueError, match="the centres: .* over 100 times"):
+        server.aggregate(1, [ClientResult("w1", far, 15), ClientResult("w2", up, 15)])
+    final = server.aggregate(1, [ClientResult("w2", up, 15)])
+    assert final.meta["final"]
+    head = {n: a for n, a in first.arrays.items() if n.startswith("head.")}
+    trained = {n: a + rng.normal(size=a.shape).astype(np.float32) for n, a in head.items()}
+    far_head = {"head.weight": np.full((k, dim), 1e5, np.float32),
+                "head.bias": np.full(k, -1e5, np.float32)}
+    with pytest.raises(ValueError, match="the head: .* over 100 times"):
+        server.aggregate(2, [ClientResult("w1", {**up, **far_head}, 15),
+                             ClientResult("w2", {**up, **trained}, 15)])
+    model = server.aggregate(2, [ClientResult("w2", {**up, **trained}, 15)]).arrays
+    np.testing.assert_allclose(model["head.weight"], trained["head.weight"])
+
+
+def test_a_forged_fstc_secure_input_cannot_move_a_centre_past_the_clip() -> None:
+    """Under secure aggregation the master sees only the sum: a member's centres at the clip
+    weighed as one document each moved a centre by about clip × n_max once divided by the
+    counts. Every honest centre (and head value) is a weighted mean of clipped values, so
+    one past the clip is refused as forged; honest sums are read as before."""
+    from common.models.fstc import centers_as_sum, centers_from_sum
+
+    k, dim, n_max, clip = 3, 4, 1000, 8.0
+    rng = np.random.default_rng(0)
+    members = [{"centers": rng.normal(size=(k, dim)).astype(np.float32) / 4,
+                "counts": np.array([300, 200, 100], np.float32)} for _ in range(2)]
+    vectors = [centers_as_sum(m, 600, n_max, clip)[0] for m in members]
+    previous = np.zeros((k, dim), np.float32)
+    honest = centers_from_sum(sum(vectors), k, dim, False, n_max, previous, clip)
+    expected = sum(m["centers"] * m["counts"][:, None] for m in members) / 2 / np.array(
+        [300, 200, 100])[:, None]
+    np.testing.assert_allclose(honest["centers"], expected, rtol=1e-5)
+    forged = np.zeros_like(vectors[0])
+    forged[:k * dim] = clip
+    forged[k * dim:k * dim + k] = clip / n_max
+    with pytest.raises(ValueError, match="past the clip 8, .* a secure input was forged"):
+        centers_from_sum(vectors[0] + forged, k, dim, False, n_max, previous, clip)
 
 
 def test_registering_again_and_again_cannot_hold_a_secure_round_open(

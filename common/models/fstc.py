@@ -447,6 +447,12 @@ def centers_size(k: int, dim: int, with_head: bool) -> int:
     return k * dim + k + (k * dim + k if with_head else 0) + 1
 
 
+#: How far past the clip a value of :func:`centers_from_sum` may be from the secure sum's
+#: fixed-point rounding alone, divided by small weights (relative to the clip).
+CLIP_SLACK = 1e-3
+HEAD = ("head.weight", "head.bias")
+
+
 def centers_from_sum(total: np.ndarray, k: int, dim: int, with_head: bool, n_max: int,
                      previous: np.ndarray, clip: float) -> dict[str, np.ndarray]:
     """Eq. 16 from the sum of the workers' :func:`centers_as_sum` vectors: the centres (a
@@ -465,6 +471,15 @@ def centers_from_sum(total: np.ndarray, k: int, dim: int, with_head: bool, n_max
         at, r = k * dim + k, s[-1]
         out["head.weight"] = (s[at:at + k * dim] / r).reshape(k, dim).astype(np.float32)
         out["head.bias"] = (s[at + k * dim:at + k * dim + k] / r).astype(np.float32)
+    # Each value is a weighted mean of values every member clipped to [-clip, clip]: one past
+    # it (beyond the sum's rounding) was forged, e.g. centres at the clip weighed as one
+    # document, which the division by the counts would carry to clip × n_max.
+    # (A centre no member holds keeps its previous value, which was never clipped.)
+    for name, a in ((CENTERS, out[CENTERS][held]), *((n, out[n]) for n in HEAD if n in out)):
+        top = float(np.abs(a).max()) if a.size else 0.0
+        if top > clip * (1 + CLIP_SLACK):
+            raise ValueError(f"{name}: a value of {top:.3g} past the clip {clip:g}, which no "
+                             f"member's clipped input can give: a secure input was forged")
     return out
 
 

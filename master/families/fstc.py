@@ -38,6 +38,7 @@ from common.models.kfed import combine_centers
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
+from master.screening import aggregate_problem
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -212,6 +213,9 @@ class FSTCServer(ServerFamily):
                                     f"{expect[name]}", code=errors.SHAPE)
             if not np.isfinite(a).all():
                 raise ProtocolError(f"array {name!r} holds NaN or Inf", code=errors.NOT_FINITE)
+        if arrays[CENTERS].size and np.abs(arrays[CENTERS]).max() > MAX_COORDINATE:
+            raise ProtocolError(f"centers: a coordinate past {MAX_COORDINATE:g}",
+                                code=errors.BAD_FIELD)
         if (arrays[COUNTS] < 0).any():
             raise ProtocolError("counts must be >= 0", code=errors.REJECTED)
         if ("head.weight" in arrays) != ("head.bias" in arrays):
@@ -272,19 +276,37 @@ class FSTCServer(ServerFamily):
 
     def aggregate(self, round_: int, results: Sequence[ClientResult]) -> Payload:
         """Eq. 16 for the centres; the sample-weighted average of the models that came with
-        the final round's updates."""
+        the final round's updates.
+
+        Raises ValueError where the centres, or the final head, grow past the growth limit
+        (:func:`master.screening.aggregate_problem`): the master's own check compares whole
+        models and would miss them, since the published arrays change from round to round.
+        """
+        previous = self.global_.arrays[CENTERS]
         centers = aggregate_centers([r.arrays[CENTERS] for r in results],
-                                    [_counts_within(r) for r in results],
-                                    previous=self.global_.arrays[CENTERS])
+                                    [_counts_within(r) for r in results], previous=previous)
         arrays: dict[str, np.ndarray] = {CENTERS: centers}
+        _check_growth("centres", {CENTERS: previous}, {CENTERS: centers})
         with_model = [r for r in results if "head.weight" in r.arrays]
         if with_model:
             # One form: check_update held each to the head's shapes and the encoder's arrays.
             names = set(with_model[0].arrays) - {CENTERS, COUNTS}
             arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
                                            [r.n_samples for r in with_model]))
+            # The head the workers started from is not kept (nor checkpointed); the
+            # nearest-centre head of the last centres has its scale.
+            start = FSTCClusterer(self.n_clusters, temperature=self.params.temperature
+                                  ).init_from_centers(previous).get_arrays()
+            _check_growth("head", start, {n: arrays[n] for n in start})
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
         return self.global_
+
+
+def _check_growth(what: str, before: Mapping[str, np.ndarray],
+                  after: Mapping[str, np.ndarray]) -> None:
+    problem = aggregate_problem(before, after)
+    if problem is not None:
+        raise ValueError(f"the {what}: {problem}")
 
 
 @functools.cache
