@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -190,6 +191,7 @@ class ClusterConfig:
         cfg = copy.deepcopy(self)
         cfg.workers = [WorkerConfig(name=f"w{i + 1}") for i in range(n)]
         cfg.min_workers = min(cfg.min_workers, n)
+        _check_threshold(cfg)
         return cfg
 
 
@@ -203,7 +205,8 @@ def _int(v: Any) -> bool:
 
 
 def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite number (YAML's ``.inf`` and ``.nan`` are floats no setting can take)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _check_keys(mapping: dict, known: set[str], where: str) -> None:
@@ -358,6 +361,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             f"{src}: compression.fraction", "a fraction in (0, 1]", comp.get("fraction"))
     cfg.compression = {"kind": "none", **comp}
     cfg.privacy = _privacy(raw.get("privacy"), cfg, src)
+    _check_threshold(cfg)
 
     sec = raw.get("security")
     if isinstance(sec, str):
@@ -488,6 +492,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML's) reads a float only with a dot: `lr: 1e-3` was the string '1e-3', and
+# the README's own `delta: 1e-5` failed. YAML 1.2 reads exponents without one, as users expect.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _read_yaml(text: str) -> Any:
+    """``text`` as YAML, with the loader above."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def apply_overrides(raw: Any, overrides: Sequence[str], source: str) -> Any:
     """``raw`` (a parsed cluster.yaml) with each ``FIELD=VALUE`` of ``overrides`` set in it:
     ``model.lr=0.01``, ``rounds=5``, ``data.limit=600``, ``strategy.name=fedadam``. The value
@@ -506,7 +523,7 @@ def apply_overrides(raw: Any, overrides: Sequence[str], source: str) -> Any:
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. model.lr=0.01")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = _read_yaml(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text  # not YAML: the string as given
         node = raw
@@ -544,7 +561,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a UTF-8 text file") from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = _read_yaml(text)
     except yaml.constructor.ConstructorError as exc:
         if "written twice" in str(exc.problem):
             raise ConfigError(f"{p}: {exc.problem}") from None
@@ -567,6 +584,17 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
             raise ConfigError(f"{p}: expected a mapping at the top level")
         raw = apply_overrides(raw, overrides, str(p))
     return parse_config(raw, source=str(p))
+
+
+def _check_threshold(cfg: ClusterConfig) -> None:
+    """A secure round reveals its sum only with ``threshold`` members: more than the cluster
+    has and every round fails (the run used to show a KeyError, then advise a resume)."""
+    sa = cfg.privacy.secure_aggregation
+    n = len(cfg.workers)
+    if sa is not None and sa.threshold is not None and n and sa.threshold > n:
+        raise ConfigError(f"{cfg.source}: privacy.secure_aggregation.threshold: {sa.threshold} "
+                          f"is more than the cluster's {n} workers: no round could reveal its "
+                          f"sum")
 
 
 def _privacy(raw: Any, cfg: ClusterConfig, src: str) -> PrivacyParams:
@@ -637,8 +665,9 @@ def build_params(cls: type, params: dict[str, Any], where: str) -> Any:
         else:
             ok = True
         if not ok:
+            finite = "a finite " if isinstance(value, float) and not math.isfinite(value) else ""
             raise ConfigError(
-                f"{where}.{key}: expected {type(default).__name__}, got {value!r}"
+                f"{where}.{key}: expected {finite}{type(default).__name__}, got {value!r}"
             )
     try:
         return cls(**params)

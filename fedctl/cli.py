@@ -331,9 +331,12 @@ def worker(config: str, overrides: tuple[str, ...], worker_id: str, data: str | 
 
     try:
         cfg = _load(config, workers, rounds, overrides=overrides)
-        Worker(cfg, worker_id, data_path=data, device=device).run()
+        worker = Worker(cfg, worker_id, data_path=data, device=device)
+        worker.run()
     except RemoteError as exc:  # e.g. a refused registration: one line, not a traceback
-        fail(RuntimeError(f"the master refused {worker_id}: {exc}"))
+        diverged = getattr(locals().get("worker"), "diverged_", None)
+        fail(RuntimeError(f"{worker_id}'s {diverged}; the master refused it: {exc}"
+                          if diverged else f"the master refused {worker_id}: {exc}"))
     except JobFailed as exc:
         fail(exc, JOB_FAILED_EXIT)
     except KeyboardInterrupt:  # as the master says it (click printed "Aborted!", status 1)

@@ -289,6 +289,30 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
     _moved_to(staging, failed)
 
 
+def _diverged(logs: Path) -> str | None:
+    """The first worker's word that its training diverged (worker.client says it once), or
+    None."""
+    for path in sorted(logs.glob("*.log")) if logs.is_dir() else ():
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        at = text.find(DIVERGED)
+        if at >= 0:
+            return f"{path.stem}: " + text[at:].split("\n", 1)[0]
+    return None
+
+
+def _summary_failure(folder: Path) -> str | None:
+    """Why a job that ran to its end failed (summary.json's ``failed``), or None."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    failed = summary.get("failed") if isinstance(summary, dict) else None
+    return str(failed) if failed else None
+
+
 def _moved_to(staging: Path, failed: Path) -> None:
     """The failed folder's cluster.yaml names the folder it is in now (its master wrote to the
     staging folder, and a resume from the old name found nothing); with a checkpoint, say how
@@ -313,9 +337,19 @@ def _moved_to(staging: Path, failed: Path) -> None:
                 return v
 
             atomic_write_bytes(config, yaml.safe_dump(moved(raw), sort_keys=False).encode())
-    if (failed / "checkpoint.npz").is_file() and config.is_file():
+    ended = _summary_failure(failed)
+    diverged = _diverged(failed / "logs")
+    if ended is not None:  # the job ran to its end: a resume would end the same way
+        log.error("it ran to its end: %s; change the config and run it again", ended)
+    elif diverged is not None:  # resumed, it would diverge again
+        log.error("%s; change the config and run it again", diverged)
+    elif (failed / "checkpoint.npz").is_file() and config.is_file():
         log.error("its checkpoint is kept: continue with `fedctl master --config %s --resume` "
                   "and its workers (`fedctl worker --config %s --id <w>`)", config, config)
+
+
+#: How a worker's log says its training diverged (worker.client's line).
+DIVERGED = "training diverged"
 
 
 class Stopped(BaseException):

@@ -180,17 +180,22 @@ class RateLimiter:
 
 def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> bool:
     """The close rule: every live participant has reported, or the deadline has passed, and in
-    either case at least ``min(min_workers, participants)`` updates are in; or the deadline
-    has passed and every participant still out had its update refused (it will not send
-    another: the round closes with what it has, perhaps nothing), or, where the sample
-    ignores liveness (DP-FedAvg), is down. Dead participants are dropped
-    at once rather than at the deadline."""
+    either case at least ``min(min_workers, participants)`` updates are in; or every
+    participant still out had its update refused (it will not send another: the round
+    closes with what it has, perhaps nothing); or the deadline has passed and every one still
+    out alive was refused, or, where the sample ignores liveness (DP-FedAvg), is down. Dead
+    participants are dropped at once rather than at the deadline."""
     live = [w for w in rnd.waiting() if w in roster and roster.alive(w, now)]
     enough = len(rnd.results) >= min(min_workers, len(rnd.participants))
     if (not live and enough) or (now >= rnd.deadline and enough):
         return True
+    waiting = rnd.waiting()
+    if waiting and set(waiting) <= rnd.refused:
+        # Every one still out had its update refused and will not send another this round (a
+        # diverged model's non-finite loss made every round wait its whole deadline).
+        return True
     if now >= rnd.deadline and live and set(live) <= rnd.refused:
-        return True  # past the deadline, and those still out had their updates refused
+        return True  # past the deadline, and those still out alive had their updates refused
     if now >= rnd.deadline and not live and not roster.among_live:
         # DP-FedAvg draws down workers too (its accountant needs k / N): one drawn down must
         # not hold the job for ever; the round closes with what came, perhaps nothing.

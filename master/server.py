@@ -163,6 +163,7 @@ class Master:
                                   if cfg.tracking.enabled else ())
         self.errors_served = 0
         self.refused: dict[str, Counter] = defaultdict(Counter)  # worker -> code -> count
+        self._last_refusal = ""  # the last update refused in a round: why nothing trained
         self.excluded: dict[str, str] = {}  # worker -> why it takes no further part
         self._silent: Counter = Counter()  # rounds in a row a live participant sent nothing
         self._abstained: Counter = Counter()  # abstentions not yet forgiven
@@ -591,6 +592,7 @@ class Master:
             if exc.code in REFUSED_UPDATE and self.open is not None \
                     and ws.worker_id in self.open.participants:
                 self.open.refused.add(ws.worker_id)
+                self._last_refusal = f"{ws.worker_id}'s: {exc}"
             raise
 
     def _take_update(self, ws: Any, msg: Message, nbytes: int) -> None:
@@ -1380,7 +1382,9 @@ class Master:
             {"run_id": self.run_id, "rounds": self.round, "version": self.version,
              "workers": sorted(self.workers), "trained": trained,
              # the run "completed" but changed nothing: not a success, for `fedctl runs` too
-             **({"failed": f"nothing was trained: 0 {unit} in {self.round} round(s)"}
+             **({"failed": f"nothing was trained: 0 {unit} in {self.round} round(s)"
+                           + (f"; the last update refused was {self._last_refusal}"
+                              if self._last_refusal else "")}
                 if count == 0 else {}),
              "refused": self._refusals(), "excluded": dict(self.excluded),
              **({"privacy": self.privacy.summary(self.version)}

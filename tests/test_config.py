@@ -415,3 +415,36 @@ def test_a_numeric_positive_class_names_the_label_read_as_text() -> None:
 
     y, classes = make_task(["8", "3", "8"], task="one_vs_rest", positive=cfg.data.positive)
     assert y.tolist() == [1, 0, 1] and classes == ["rest", "8"]
+
+
+def test_exponents_read_as_numbers_and_non_finite_ones_refused(tmp_path: Path) -> None:
+    """PyYAML reads `1e-3` (no dot) as a string: `lr: 1e-3` was refused as "expected float,
+    got '1e-3'", and the README writes `delta: 1e-5`. The loader reads YAML 1.2 floats; `.inf`
+    and `.nan`, which no setting can take, are refused (`check` passed them and the run
+    diverged)."""
+    path = write(tmp_path, "workers: [w1, w2]\nmodel: {family: mlp, lr: 1e-3, hidden: 64}\n"
+                           "privacy: {delta: 1E-5}\nround_deadline: 2e+1\n")
+    cfg = load_config(path)
+    assert cfg.family_params["lr"] == 1e-3 and cfg.privacy.delta == 1e-5
+    assert cfg.round_deadline == 20.0
+    assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}  # PyYAML's own loader is left as it is
+    for bad in (".inf", ".nan"):  # (a family's fields are read where the family is built)
+        params = load_config(write(tmp_path, f"model: {{family: mlp, lr: {bad}}}\n")).family_params
+        with pytest.raises(ConfigError, match="model.lr: expected a finite float"):
+            build_params(MLPParams, params, "model")
+    msg = config_error(write(tmp_path, "round_deadline: .inf\n"))
+    assert "round_deadline" in msg, msg
+    from common.config import apply_overrides
+
+    assert apply_overrides({}, ["model.lr=1e-2"], "<test>") == {"model": {"lr": 0.01}}
+
+
+def test_a_secure_threshold_above_the_cluster_is_refused(tmp_path: Path) -> None:
+    """A threshold past the workers could never reveal a round's sum: `check` passed it and
+    the run showed a KeyError; `--workers N` below it is refused too."""
+    sa = "privacy: {secure_aggregation: {threshold: 3}}\n"
+    msg = config_error(write(tmp_path, "workers: [w1, w2]\n" + sa))
+    assert "threshold: 3 is more than the cluster's 2 workers" in msg, msg
+    cfg = load_config(write(tmp_path, "workers: [w1, w2, w3]\n" + sa))
+    with pytest.raises(ConfigError, match="threshold: 3 is more than the cluster's 2 workers"):
+        cfg.with_workers(2)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from common import constants as C
 from fedctl.cli import _runs_fedctl
 from fedctl.launch import child_env, fedctl_command
 from tests.conftest import (
@@ -412,6 +413,37 @@ def test_a_run_that_fails_before_training_is_kept_as_failed(make_config: MakeCon
     assert run.stderr.strip().splitlines()[-1].startswith("Error: ")
     assert not (tmp_path / "out.partial").exists() and not (tmp_path / "out").exists()
     assert (tmp_path / "out.failed" / "FAILED").read_text().startswith("exit code 1: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rounds", [2, 3])
+def test_a_diverging_model_ends_at_once_saying_why(make_config: MakeConfig, tmp_path: Path,
+                                                  rounds: int) -> None:
+    """`lr: 1e30`: every update's loss is NaN and refused. Each round used to wait its whole
+    deadline for workers that would not send again, then the run ended "nothing was trained"
+    with a resume advice that could not help. Now the rounds close when every update is in or
+    refused, the worker says its training diverged and names the learning rate, and the run
+    says what was refused and to change the config."""
+    config = make_config(tmp_path, workers=2, rounds=rounds, round_deadline=120,
+                         model={"family": "mlp", "lr": 1e30})
+    started = time.monotonic()
+    run = _fedctl("run", "--config", str(config), "--no-progress", timeout=110)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert time.monotonic() - started < 100  # not 3 deadlines of 120 s
+    failed = tmp_path / "out.failed"
+    assert "metric 'train_loss' must be a finite number" in run.stderr
+    assert "--resume" not in run.stderr and "change the config" in run.stderr, run.stderr
+    worker_log = (failed / "logs" / "w1.log").read_text()
+    assert "training diverged (loss nan in round 1): lower the learning rate (model.lr is " \
+           "1e+30)" in worker_log, worker_log
+    if rounds < C.ABSTAIN_LIMIT:  # the job ran to its end: the master says what it refused
+        summary = json.loads((failed / "summary.json").read_text())
+        assert summary["failed"].startswith("nothing was trained: 0 rounds in 2 round(s); "
+                                            "the last update refused was w"), summary
+        assert "ran to its end" in run.stderr
+    else:  # a worker excluded for it ends the run, saying why in its one line
+        assert re.search(r"Error: w\d's training diverged \(loss nan in round 1\).*; the "
+                         r"master refused it: .*excluded", run.stderr), run.stderr[-3000:]
 
 
 def test_run_needs_its_workers_listed(make_config: MakeConfig, tmp_path: Path) -> None:

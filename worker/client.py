@@ -169,6 +169,8 @@ class Worker:
         self._sub_setup = None
         self._subscribed_at = 0.0
         self._clip_warned = False
+        #: Why this worker's updates are refused when its training diverged, else None.
+        self.diverged_: str | None = None
         self._round_lines = RoundLines()  # a line a round, paced (millisecond rounds)
 
     def _new_job(self) -> None:
@@ -489,6 +491,15 @@ class Worker:
                    **{k: float(v) for k, v in result.metrics.items()},
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in,
                    "fit_cpu_s": min(fit_cpu, C.MAX_TIMING_S)}
+        loss = metrics.get("train_loss")
+        if loss is not None and not math.isfinite(loss) and self.diverged_ is None:
+            # The master refuses the update (its loss is not a number): say why here, once.
+            lr = self.cfg.family_params.get("lr")
+            self.diverged_ = (f"training diverged (loss {loss} in round {rnd}): lower the "
+                              f"learning rate"
+                              + (f" (model.lr is {lr:g})" if isinstance(lr, (int, float))
+                                 else ""))
+            log.error("round %d: %s; the master will refuse the updates", rnd, self.diverged_)
         # Where the round really ran: a tensor made without device= trains on the CPU.
         self._trained += 1  # a worker sampled out of rounds 1, 11, 21... is checked too
         on_gpu = (devices.tensors_on_gpu(self.family) if devices.check_due(self._trained)
