@@ -57,13 +57,40 @@ def test_cutting_again_rewrites_nothing(tmp_path: Path) -> None:
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "shards").iterdir()} == stamps
 
 
+def test_a_users_own_file_is_never_replaced_without_force(tmp_path: Path) -> None:
+    """`fedctl data shard -o DIR` replaced a user's own DIR/w1.jsonl without a word. Files it
+    wrote itself are still rewritten when the cut changes; another is left alone (nothing
+    written) unless --force."""
+    cfg = load_config(_config(tmp_path))
+    out = tmp_path / "shards"
+    out.mkdir()
+    mine = out / "w2.jsonl"
+    mine.write_text('{"text": "my own documents", "label": "a"}\n')
+    with pytest.raises(DataError, match=r"w2.jsonl: already there, and not as `fedctl data "
+                                        r"shard` left it: .* --force"):
+        write_shards(cfg, out)
+    assert mine.read_text().startswith('{"text": "my own') and not (out / "w1.jsonl").exists()
+    proc = run_fedctl("data", "shard", "--config", str(tmp_path / "cluster.yaml"), "-o",
+                      str(out))
+    assert proc.returncode == 1 and "--force" in proc.stderr and "Traceback" not in proc.stderr
+    mine.unlink()
+    write_shards(cfg, out)
+    cfg.data.limit = 200  # a cut of its own files again: rewritten without --force
+    assert sorted(write_shards(cfg, out).written) == WORKERS
+    (out / "w1.jsonl").write_text("edited by hand\n")
+    with pytest.raises(DataError, match="w1.jsonl: already there"):
+        write_shards(cfg, out)
+    assert write_shards(cfg, out, force=True).written == ["w1"]
+
+
 def test_named_workers_split_the_data_among_themselves_without_a_worker_list(
         tmp_path: Path) -> None:
     cfg = load_config(_config(tmp_path, partition="iid"))
     cfg.workers = []
     report = write_shards(cfg, tmp_path / "shards", ["a", "b"])
     assert sorted(report.sizes) == ["a", "b"] and sum(report.sizes.values()) == 300
-    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["a.jsonl", "b.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "shards").glob("*.jsonl")) == ["a.jsonl",
+                                                                          "b.jsonl"]
 
 
 def test_named_workers_of_a_list_get_their_own_shares(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ cluster and its baseline always see the very same rows.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -168,8 +169,13 @@ class ShardReport:
     unchanged: list[str] = field(default_factory=list)
 
 
+#: In a folder of shards, the files ``fedctl data shard`` wrote and their SHA-256: one it did
+#: not write (a user's own documents) is never replaced without ``force``.
+SHARD_MANIFEST = ".fedctl-shards.json"
+
+
 def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | None = None,
-                 among_named: bool = False) -> ShardReport:
+                 among_named: bool = False, force: bool = False) -> ShardReport:
     """Cut ``data.path`` among workers into ``out_dir/<worker>.jsonl``, one file each.
 
     Each file holds exactly the documents (training and held-out rows) the worker would take
@@ -179,7 +185,8 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
     ``cfg.workers``, so one worker's file can be made again alone. A config without a worker
     list, or ``among_named``, cuts among ``names`` (a deployment whose other workers bring
     files of their own: ansible's shards mode). A file is rewritten, atomically, only when its
-    content changed, so cutting again reports what changed.
+    content changed, so cutting again reports what changed; one this function did not write
+    (``SHARD_MANIFEST``) only with ``force``.
 
     Raises
     ------
@@ -187,8 +194,9 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
         No workers, a name given twice, one that is not a plain file name, or one that is not
         among the config's workers.
     DataError
-        The dataset cannot be read, or a shard its worker could not use (a one-vs-rest shard
-        without the positive class); nothing is written then.
+        The dataset cannot be read, a shard its worker could not use (a one-vs-rest shard
+        without the positive class), or a file in the way that this function did not write;
+        nothing is written then.
     """
     names = [w.name for w in cfg.workers] if names is None else list(names)
     if not names:
@@ -230,11 +238,31 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
             json.dumps({"text": shard.dataset.texts[i], "label": shard.dataset.labels[i]},
                        ensure_ascii=False) + "\n" for i in rows)
     out = Path(out_dir)
+    manifest = out / SHARD_MANIFEST
+    try:
+        ours = json.loads(manifest.read_text(encoding="utf-8"))
+        ours = ours if isinstance(ours, dict) else {}
+    except (OSError, ValueError):
+        ours = {}
+    changed = {}
     for name, text in texts.items():
         target = out / f"{name}.jsonl"
-        if target.is_file() and target.read_text(encoding="utf-8") == text:
-            report.unchanged.append(name)
-            continue
-        atomic_write_bytes(target, text.encode("utf-8"))
+        if target.is_file():
+            old = target.read_bytes()
+            if old == text.encode("utf-8"):
+                report.unchanged.append(name)
+                continue
+            # A file of the user's (their own documents) is not ours to replace.
+            if not force and ours.get(target.name) != hashlib.sha256(old).hexdigest():
+                raise DataError(f"{target}: already there, and not as `fedctl data shard` "
+                                f"left it: move it away, or pass --force to replace it")
+        elif target.exists():
+            raise DataError(f"{target}: already there and not a file")
+        changed[name] = text.encode("utf-8")
+    for name, data in changed.items():
+        atomic_write_bytes(out / f"{name}.jsonl", data)
+        ours[f"{name}.jsonl"] = hashlib.sha256(data).hexdigest()
         report.written.append(name)
+    if changed:
+        atomic_write_bytes(manifest, json.dumps(ours, indent=1, sort_keys=True).encode())
     return report

@@ -391,17 +391,21 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int | Non
                    "a cluster whose other workers bring files of their own).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sizes, written, unchanged} as one JSON object.")
+@click.option("--force", is_flag=True,
+              help="Replace files in DIR that an earlier `fedctl data shard` did not write "
+                   "(by default they are left alone and the command stops).")
 @click.argument("workers", nargs=-1, metavar="[WORKER]...")
 def shard(config: str, data_path: str | None, out_dir: str, among_named: bool, as_json: bool,
-          workers: tuple[str, ...]) -> None:
+          force: bool, workers: tuple[str, ...]) -> None:
     """Cut each worker's share of a dataset into its own file, for a real cluster.
 
     Worker WORKER's file holds exactly the documents it would take from the dataset in
     `fedctl run` of the config's workers, as {text, label} lines; copy it to the worker's node
     and name it in workers[].data or `fedctl worker --data`. Name workers to write only
     their files (default: every worker's). Files whose content did not change are left
-    alone. A shard its worker could not use (one-vs-rest without the positive class) stops
-    the command before anything is written.
+    alone; a file of that name this command did not write (your own documents) stops it
+    unless --force. A shard its worker could not use (one-vs-rest without the positive
+    class) stops the command before anything is written.
     """
     from common.config import ConfigError, load_config
     from common.data.shards import write_shards
@@ -410,7 +414,8 @@ def shard(config: str, data_path: str | None, out_dir: str, among_named: bool, a
         cfg = load_config(config)
         if data_path is not None:
             cfg.data.path = str(Path(data_path).resolve())
-        report = write_shards(cfg, out_dir, list(workers) or None, among_named=among_named)
+        report = write_shards(cfg, out_dir, list(workers) or None, among_named=among_named,
+                              force=force)
     except (ConfigError, DataError) as exc:
         raise _fail(exc) from None
     except OSError as exc:
