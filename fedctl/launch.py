@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,15 +54,57 @@ def child_env(cache_dir: str | Path | None = None, threads: int | None = None,
     return env
 
 
+#: prctl(2)'s option that sends the calling process a signal when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child of a job's launcher, before it runs: SIGTERM when its parent dies, so that
+    a launcher killed outright (SIGKILL, the OOM killer) leaves no master or worker running on
+    as an orphan (the master then stops as on SIGTERM, keeping its checkpoint). Linux only;
+    ``parent`` is the pid the child was started by, in case it died before this took hold.
+    Hand-written: psutil and multiprocessing offer no parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def end_with(launcher: int) -> None:
+    """SIGTERM to this process when process ``launcher`` ends, as :func:`die_with_parent`
+    does for a direct child: a process forked by the fork server has the server for its
+    parent, and the server lives as long as its children do (multiprocessing hands each the
+    server's alive pipe). A thread waits on a pidfd (Linux 5.3+); elsewhere, nothing."""
+    try:
+        fd = os.pidfd_open(launcher)
+    except ProcessLookupError:  # already gone
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    except (AttributeError, OSError):  # no pidfd here
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="launcher-watch", daemon=True).start()
+
+
 def spawn(args: list[str], log: Path, env: Mapping[str, str] | None = None,
           profile: Path | None = None, cwd: str | Path | None = None,
           new_session: bool = False) -> subprocess.Popen:
-    """Start ``fedctl ARGS`` with stdout and stderr in ``log``."""
+    """Start ``fedctl ARGS`` with stdout and stderr in ``log``; it ends with this process
+    (:func:`die_with_parent`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    me = os.getpid()
     with open(log, "wb") as fh:  # the child holds its own descriptor once started
         return subprocess.Popen(fedctl_command(*args, profile=profile), stdout=fh,
                                 stderr=subprocess.STDOUT, env=dict(env or child_env()),
-                                cwd=cwd, start_new_session=new_session)
+                                cwd=cwd, start_new_session=new_session,
+                                preexec_fn=lambda: die_with_parent(me))
 
 
 #: What the fork server behind :class:`LocalCluster` imports once, before any process of the
@@ -85,7 +129,7 @@ class ForkedProcess:
         ctx.set_forkserver_preload(list(FORK_PRELOAD))
         self._proc = ctx.Process(target=_forked_main, name=f"fedctl {args[0]}",
                                  args=(list(args), str(log), dict(env), new_session,
-                                       None if cwd is None else str(cwd)))
+                                       None if cwd is None else str(cwd), os.getpid()))
         self._proc.start()
         self.pid = self._proc.pid
         self.args = args
@@ -115,9 +159,12 @@ class ForkedProcess:
 
 
 def _forked_main(args: list[str], log: str, env: dict[str, str], new_session: bool,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, launcher: int | None = None) -> None:
     """A forked child: what ``spawn`` gives a process (its session, its log as stdout and
-    stderr, its environment, its folder, its share of the cores), then ``fedctl ARGS``."""
+    stderr, its environment, its folder, its share of the cores), then ``fedctl ARGS``; it
+    ends with ``launcher`` (:func:`end_with`)."""
+    if launcher is not None:
+        end_with(launcher)
     if new_session:
         os.setsid()
     if cwd is not None:

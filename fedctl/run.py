@@ -222,6 +222,19 @@ def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
             raise ConfigError(f"{cfg.source}: output_dir: a master is still writing into "
                               f"{staging} (its `fedctl run` was killed); stop it, or choose "
                               f"another --output")
+        if (staging / "checkpoint.npz").is_file() or (staging / "summary.json").is_file():
+            # A killed `fedctl run`'s: its master checkpointed, or even finished, after it
+            # was killed. Kept as a failed run (resumable), not cleared.
+            final = staging.with_name(staging.name.removesuffix(C.STAGING_SUFFIX))
+            kept = _keep_failed(staging, final, -signal.SIGKILL,
+                                "its `fedctl run` was killed before it ended", quiet=True)
+            log.warning("%s: left by a `fedctl run` that was killed; kept as %s", staging,
+                        kept)
+            os.close(fd)
+            fd = -1
+            with _claimed(staging, cfg):
+                yield
+            return
         for leftover in staging.iterdir():  # an earlier attempt's, never a run
             if leftover.is_dir() and not leftover.is_symlink():
                 shutil.rmtree(leftover)
@@ -229,7 +242,8 @@ def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
                 leftover.unlink()
         yield
     finally:
-        os.close(fd)  # the lock goes with it
+        if fd >= 0:
+            os.close(fd)  # the lock goes with it
 
 
 #: The most bytes fedctl adds to the output folder's name for a folder beside it (the longest:
@@ -260,12 +274,14 @@ def _publish(cfg: ClusterConfig, staging: Path, final: Path, link: Path | None) 
         point_history_link(link, final)
 
 
-def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) -> None:
+def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None,
+                 quiet: bool = False) -> Path | None:
     """The failed run's folder, with its logs, marked failed beside where it would have gone
     (``<output>.failed``; an earlier failed run there is replaced, a user's folder of that
-    name is not: the run then goes to a free name beside it)."""
+    name is not: the run then goes to a free name beside it); where it went. ``quiet``: the
+    caller says what happened (it is not this process's run)."""
     if not staging.exists():
-        return
+        return None
     failed = final.with_name(final.name + ".failed")
     if failed.exists():
         if is_run_folder(failed) and not resumable(failed):
@@ -282,11 +298,14 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None) 
                else f"{what} before the cluster started (no process logs)")
     (staging / C.FAILED_NOTE).write_text(f"exit code {code}: {why}\n")
     staging.rename(failed)
-    if started:
+    if quiet:
+        pass
+    elif started:
         log.error("the run failed; its logs are in %s", failed / "logs")
     else:
         log.error("the run failed before the cluster started: %s", failed)
-    _moved_to(staging, failed)
+    _moved_to(staging, failed, quiet)
+    return failed
 
 
 def _diverged(logs: Path) -> str | None:
@@ -313,7 +332,7 @@ def _summary_failure(folder: Path) -> str | None:
     return str(failed) if failed else None
 
 
-def _moved_to(staging: Path, failed: Path) -> None:
+def _moved_to(staging: Path, failed: Path, quiet: bool = False) -> None:
     """The failed folder's cluster.yaml names the folder it is in now (its master wrote to the
     staging folder, and a resume from the old name found nothing); with a checkpoint, say how
     to go on (the master's own stop hint named the staging folder too)."""
@@ -339,6 +358,8 @@ def _moved_to(staging: Path, failed: Path) -> None:
             atomic_write_bytes(config, yaml.safe_dump(moved(raw), sort_keys=False).encode())
     ended = _summary_failure(failed)
     diverged = _diverged(failed / "logs")
+    if quiet:
+        return
     if ended is not None:  # the job ran to its end: a resume would end the same way
         log.error("it ran to its end: %s; change the config and run it again", ended)
     elif diverged is not None:  # resumed, it would diverge again

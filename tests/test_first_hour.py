@@ -503,6 +503,37 @@ def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tm
         f"exit code {128 + sig}: see logs/ (interrupted)")
 
 
+@pytest.mark.slow
+def test_a_run_killed_outright_leaves_no_process_and_its_run_is_kept(
+        make_config: MakeConfig, tmp_path: Path) -> None:
+    """SIGKILL cannot be caught: the launcher used to leave its master and workers training
+    as orphans, and the next run of the same output cleared the `.partial` their master had
+    checkpointed (or even finished) into. Now they end with it (a parent-death signal: the
+    master stops as on SIGTERM, keeping its checkpoint), and the next run keeps the folder as
+    a failed, resumable run before it starts its own."""
+    # (Rounds enough not to end by themselves meanwhile: 5000 took under a minute.)
+    config = make_config(tmp_path, workers=2, rounds=10**6, model={"family": "mlp", "hidden": 8})
+    run = _run_in_background(config, tmp_path)
+    try:
+        started = descendants(run.pid)
+        assert len(started) >= 3
+        run.kill()
+        run.wait(timeout=30)
+        wait_for(lambda: not any(_alive(pid) for pid in started), 20,
+                 "the killed run's processes to end")
+    finally:
+        kill_tree(run)
+    partial = tmp_path / "out.partial"
+    assert (partial / "checkpoint.npz").is_file(), sorted(p.name for p in partial.iterdir())
+    again = _fedctl("run", "--config", str(config), "--rounds", "2", "--no-progress")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "left by a `fedctl run` that was killed; kept as" in again.stderr
+    kept = tmp_path / "out.failed"
+    assert (kept / "checkpoint.npz").is_file() and (kept / "FAILED").read_text().startswith(
+        "exit code -9: its `fedctl run` was killed before it ended")
+    assert (tmp_path / "out" / "summary.json").is_file() and not partial.exists()
+
+
 def _as_nohup() -> None:
     """In the child, before exec: what `nohup` does (SIGHUP ignored)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
