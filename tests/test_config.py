@@ -3,6 +3,7 @@ errors that name the file and the field."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -448,3 +449,27 @@ def test_a_secure_threshold_above_the_cluster_is_refused(tmp_path: Path) -> None
     cfg = load_config(write(tmp_path, "workers: [w1, w2, w3]\n" + sa))
     with pytest.raises(ConfigError, match="threshold: 3 is more than the cluster's 2 workers"):
         cfg.with_workers(2)
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("prodlda", {"strategy": "krum"},
+     "strategy: krum would not be used in mode sync: the master takes one Adam step"),
+    ("combinedtm", {"strategy": "fedprox"}, "strategy: fedprox would not be used in mode sync"),
+    ("prodlda", {"compression": "int8"},
+     "compression: int8 would not be used by prodlda (its workers send gradients"),
+    ("lda", {"compression": "float16"},
+     "compression: float16 would not be used by lda (its uploads are topics"),
+])
+def test_settings_a_family_would_ignore_are_refused(family: str, change: dict,
+                                                    message: str) -> None:
+    """Sync-mode NTMs ignored `strategy` (krum, fedmedian...), and lda and the NTMs ignored
+    `compression`, without a word from `check`: a user believed they had a robust or smaller
+    job."""
+    from master.families import make_server_family
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 10, "model": {"family": family},
+                        **change}, "cluster.yaml")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_server_family(cfg)
+    make_server_family(parse_config({"workers": ["w1", "w2"], "rounds": 10,
+                                     "model": {"family": family}}, "cluster.yaml"))

@@ -37,6 +37,10 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
     if cls.own_rule is not None and strategy.name != "fedavg":
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} would not be used by "
                           f"{cls.name} ({cls.own_rule}); remove `strategy`")
+    if cls.compression_refusal is not None and cfg.compression["kind"] != "none":
+        raise ConfigError(f"{cfg.source}: compression: {cfg.compression['kind']} would not be "
+                          f"used by {cls.name} ({cls.compression_refusal}); remove "
+                          f"`compression`")
     privacy = cfg.privacy
     for key, why in (("dp_sgd", cls.dp_sgd_refusal), ("client_dp", cls.client_dp_refusal)):
         if getattr(privacy, key) is not None and why is not None:

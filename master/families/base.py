@@ -61,6 +61,10 @@ class ServerFamily(ABC):
     #: eq. 16, iFTM's merge): a strategy other than the default fedavg is then refused at
     #: start rather than silently not used. None: the strategy aggregates.
     own_rule: str | None = None
+    #: Why its workers send their uploads uncompressed (they are not a change of the model
+    #: they received): a ``compression`` other than none is then refused at start rather than
+    #: silently not used. None: the workers compress as configured.
+    compression_refusal: str | None = None
     #: Why the family cannot train by record-level DP-SGD (``privacy.dp_sgd``); None: it can.
     dp_sgd_refusal: str | None = "its training is not per-document gradient steps"
     #: Why its updates cannot be averaged by DP-FedAvg (``privacy.client_dp``); None: they can.

@@ -45,6 +45,7 @@ class LDAServer(VocabularyServer):
     dp_sgd_refusal = "Gibbs sampling takes no gradients: its privacy is privacy.laplace"
     client_dp_refusal = "iFTM's merge is no average: its privacy is privacy.laplace"
     own_rule = "iFTM's merge composes the workers' topics"
+    compression_refusal = "its uploads are topics of each party's own, not a change of the model"
     per_worker = True
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

@@ -77,15 +77,20 @@ class ProdLDAServer(VocabularyServer):
 
     client_settings = frozenset({"proximal_mu"})
     contextual_size = 0
+    compression_refusal = ("its workers send gradients, batch statistics or weights "
+                           "uncompressed")
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
         self.params: NTMParams = build_params(NTMParams, cfg.family_params,
                                               f"{cfg.source}: model")
-        if self.params.mode == "sync" and strategy.client_settings():
-            raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs local training "
-                              f"({', '.join(strategy.client_settings())}); mode sync takes one "
-                              f"synchronous step a round: use model.mode: fedavg")
+        if self.params.mode == "sync" and strategy.name != "fedavg":
+            # Neither a server strategy nor a client one (FedProx's local term) has anything
+            # to act on: it used to be ignored without a word.
+            raise ConfigError(f"{cfg.source}: strategy: {strategy.name} would not be used in "
+                              f"mode sync: the master takes one Adam step on the union's "
+                              f"gradient each step; remove `strategy`, or use model.mode: "
+                              f"fedavg")
         if self.params.mode == "sync" and cfg.privacy.client_dp is not None:
             raise ConfigError(f"{cfg.source}: privacy.client_dp: mode sync uploads one step's "
                               f"gradients, not a model FedAvg averages: use model.mode: fedavg")
