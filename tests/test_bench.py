@@ -62,3 +62,4 @@ def test_bench_quick_writes_report(tmp_path: Path) -> None:
     assert len([g for g in res["goals"] if "2 x the bare exchange" in g["goal"]]) == len(
         res["anatomy"])
 
+

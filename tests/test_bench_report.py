@@ -1,8 +1,13 @@
-"""The arithmetic of `fedctl bench`'s report, without a cluster (tests/test_bench.py runs one)."""
+"""The arithmetic of `fedctl bench`'s report, and its command line's refusals, without a
+cluster (tests/test_bench.py runs one)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from tests.conftest import run_fedctl
 
 
 def test_least_overhead_spreads_the_training_over_the_cores() -> None:
@@ -31,3 +36,17 @@ def test_small_models_get_more_anatomy_rounds() -> None:
     assert plan.anatomy_rounds_for(1_585_154) == (300, 110)
     assert plan.anatomy_rounds_for(99_074) == (300, 300)
     assert Plan.quick().anatomy_rounds_for(99_074) == (3, 3)  # the smoke run stays small
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "/no/such.yaml"], "Error: /no/such.yaml: cannot read"),
+    (["--hidden", "abc"], "argument --hidden: expected sizes like 256,4096, got 'abc'"),
+    (["--hidden", "0,256"], "argument --hidden: expected sizes like 256,4096, got '0,256'"),
+])
+def test_bench_refuses_bad_input_without_a_traceback(tmp_path: Path, args: list[str],
+                                                     message: str) -> None:
+    """A config that cannot be read, or sizes that are not sizes, used to end in a traceback
+    (after the sections before the anatomy had run, for --hidden)."""
+    proc = run_fedctl("bench", "--out", str(tmp_path / "out"), *args)
+    assert proc.returncode in (1, 2) and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.config import load_config
+from common.config import ConfigError, load_config
 from fedctl.bench.anatomy import section_anatomy
 from fedctl.bench.centralized import section_centralized
 from fedctl.bench.compression import section_compression
@@ -101,6 +101,17 @@ def run_benchmarks(config: str | Path = "cluster.yaml", out: str | Path = "bench
     return res
 
 
+def _sizes(text: str) -> list[int]:
+    """``--hidden``'s comma-separated positive sizes."""
+    try:
+        sizes = [int(h) for h in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected sizes like 256,4096, got {text!r}")
+    return sizes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line of ``fedctl bench`` and ``benchmarks/cluster_bench.py``."""
     p = argparse.ArgumentParser(prog="fedctl bench", description=__doc__.split("\n\n")[0])
@@ -115,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="keep every cluster's output folder under OUT/runs")
     p.add_argument("--profile", action="store_true",
                    help="run each anatomy master under cProfile; hottest functions in the report")
-    p.add_argument("--hidden", default=None,
+    p.add_argument("--hidden", default=None, type=_sizes,
                    help="comma-separated MLP hidden sizes for the anatomy (default 256,4096,65000)")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -123,9 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}")
     out = args.out or ("benchmarks/results/quick" if args.quick else "benchmarks/results")
-    hidden = [int(h) for h in args.hidden.split(",")] if args.hidden else None
+    try:  # before minutes of benchmarks: a config that cannot be read fails in one line
+        load_config(args.config)
+    except ConfigError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
     res = run_benchmarks(args.config, out, quick=args.quick, only=only,
-                         keep_runs=args.keep_runs, profile=args.profile, anatomy_hidden=hidden)
+                         keep_runs=args.keep_runs, profile=args.profile,
+                         anatomy_hidden=args.hidden)
     print(Path(out, "cluster_report.md").read_text())
     missed = [g["goal"] for g in res["goals"] if not g["met"]]
     if missed:
