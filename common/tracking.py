@@ -79,6 +79,9 @@ class MLflowSink:
     """Params and metrics to an MLflow tracking store (a folder, or a server's URI)."""
 
     def __init__(self, uri: str, experiment: str, run_name: str | None = None) -> None:
+        # MLflow 3 calls home (its usage telemetry, config.mlflow-telemetry.io) from the
+        # master's node unless told not to; the user's own setting, if any, stands.
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:

@@ -2,7 +2,10 @@
 here, once, to OpenVINO (bfloat16 where the CPU has it) or to ONNX Runtime with int8 dynamic
 quantization.
 
-Nothing is downloaded: the export reads the local model folder and is written beside the
+Nothing is downloaded, and nothing is sent: importing OpenVINO posts a usage event to Google
+Analytics (its ``openvino_telemetry`` package, with no consent file in the user's home); the
+package is kept from loading here (:func:`openvino`), and OpenVINO falls back to its own
+stub. The export reads the local model folder and is written beside the
 embedding cache (``~/.cache/fedctl/models/<model>-<hash>/<backend>/``, or under
 ``$FEDCTL_MODELS_DIR``), atomically and under a file lock, so a master and workers on one
 machine export once and every later process reuses it.
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -81,8 +85,19 @@ def _missing_package(backend: str) -> str | None:
     return None
 
 
-def _openvino_precision() -> str:
+def openvino() -> Any:
+    """The ``openvino`` module, imported with its telemetry kept out of the process: a
+    worker's node must not post anything anywhere (a ``None`` in ``sys.modules`` makes the
+    import of ``openvino_telemetry`` fail, which OpenVINO expects and answers with a stub)."""
+    if "openvino_telemetry" not in sys.modules:
+        sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]
     import openvino as ov
+
+    return ov
+
+
+def _openvino_precision() -> str:
+    ov = openvino()
 
     return str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name())
 
@@ -222,7 +237,7 @@ def _torch_transformer(model_path: str) -> tuple[Any, dict[str, Any]]:
 
 
 def _write_openvino(model_path: str, out: Path) -> None:
-    import openvino as ov
+    ov = openvino()
     import torch
 
     module, example = _torch_transformer(model_path)
@@ -344,7 +359,7 @@ def _progress_bar(total: int, progress: bool) -> Any:
 
 
 def _load_openvino(model_path: str, root: Path, threads: int) -> Encoder:
-    import openvino as ov
+    ov = openvino()
     from transformers import AutoTokenizer
 
     max_len, normalize = _pipeline(model_path)
