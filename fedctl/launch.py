@@ -9,6 +9,7 @@ read) and the same clean stop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import yaml
@@ -116,6 +117,47 @@ FORK_PRELOAD = ("torch", "torch._dynamo", "torch.optim", "sklearn.model_selectio
                 "sklearn.metrics", "zmq", "yaml", "click")
 
 
+#: What stops a launcher (fedctl.run: Ctrl-C, ``kill``, a closed terminal).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Within: :data:`STOP_SIGNALS` noted, not acted on; after: each noted one delivered
+    again to the handler it had. Only the main thread sets handlers; elsewhere, nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: caught.append(signum))
+              for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
+def _start_fork_server() -> None:
+    """Start multiprocessing's fork server (and its resource tracker) with Ctrl-C ignored.
+    Both are in the terminal's process group: Ctrl-C in the seconds the server spends
+    importing :data:`FORK_PRELOAD` printed a KeyboardInterrupt traceback of its own under
+    fedctl's one-line stop (the server ignores SIGINT only once its imports are done). The
+    forked processes take Ctrl-C's default back (:func:`_forked_main`)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()  # (signal handlers are the main thread's to set)
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class ForkedProcess:
     """A ``fedctl`` process forked by multiprocessing's fork server, behind the part of
     :class:`subprocess.Popen`'s interface the launcher uses (``pid``, ``returncode``,
@@ -127,6 +169,7 @@ class ForkedProcess:
         log.write_bytes(b"")  # there once started, as spawn's is
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(FORK_PRELOAD))
+        _start_fork_server()
         self._proc = ctx.Process(target=_forked_main, name=f"fedctl {args[0]}",
                                  args=(list(args), str(log), dict(env), new_session,
                                        None if cwd is None else str(cwd), os.getpid()))
@@ -163,10 +206,11 @@ def _forked_main(args: list[str], log: str, env: dict[str, str], new_session: bo
     """A forked child: what ``spawn`` gives a process (its session, its log as stdout and
     stderr, its environment, its folder, its share of the cores), then ``fedctl ARGS``; it
     ends with ``launcher`` (:func:`end_with`)."""
+    if new_session:
+        os.setsid()  # first: out of the terminal's process group, Ctrl-C is the launcher's
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignored it
     if launcher is not None:
         end_with(launcher)
-    if new_session:
-        os.setsid()
     if cwd is not None:
         os.chdir(cwd)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -283,17 +327,23 @@ class LocalCluster:
             return ForkedProcess(args, log, env, new_session=True)
         return spawn(args, log, env, profile=self.profile, new_session=True)
 
-    def start_master(self) -> subprocess.Popen | ForkedProcess:
-        proc = self._start(["master", *self._args()], self.logs / "master.log",
-                           child_env(threads=self.threads))
-        self.procs["master"] = proc
+    def _launch(self, name: str, args: list[str]) -> subprocess.Popen | ForkedProcess:
+        """Start process ``name`` and hold it in ``procs``, with the stop signals held until
+        both are done: Ctrl-C while the fork server was still importing interrupted the
+        launcher's wait for the new pid, and the process, started all the same, was never
+        stopped (it ran on, or wrote a traceback once its folder had been moved)."""
+        with _signals_held():
+            proc = self.procs[name] = self._start(args, self.logs / f"{name}.log",
+                                                  child_env(threads=self.threads))
         return proc
+
+    def start_master(self) -> subprocess.Popen | ForkedProcess:
+        return self._launch("master", ["master", *self._args()])
 
     def start_workers(self) -> None:
         for w in self.cfg.workers:
-            self.procs[w.name] = self._start(
-                ["worker", *self._args(), "--id", w.name, "--threads", str(self.threads)],
-                self.logs / f"{w.name}.log", child_env(threads=self.threads))
+            self._launch(w.name, ["worker", *self._args(), "--id", w.name,
+                                  "--threads", str(self.threads)])
 
     def start(self) -> None:
         """Prepared already: start the master, then every worker."""

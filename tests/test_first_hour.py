@@ -534,6 +534,38 @@ def test_a_run_killed_outright_leaves_no_process_and_its_run_is_kept(
     assert (tmp_path / "out" / "summary.json").is_file() and not partial.exists()
 
 
+def _own_terminal_group() -> None:
+    """In the child, before exec: a process group of its own (as a shell's foreground job),
+    Ctrl-C's default action."""
+    os.setsid()
+    _interruptible()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.8, 1.6, 2.4, 3.2])
+def test_ctrl_c_while_a_run_starts_prints_no_traceback(make_config: MakeConfig, tmp_path: Path,
+                                                       after: float) -> None:
+    """A terminal's Ctrl-C reaches the whole foreground group: in the first seconds of a run
+    the fork server, still importing torch, printed a KeyboardInterrupt traceback under the
+    launcher's one line; a worker forked while the launcher was being interrupted was never
+    stopped and printed one of its own when its folder had moved. Now each delay ends in the
+    launcher's lines alone, and leaves no process behind."""
+    config = make_config(tmp_path, workers=2, rounds=10**6, model={"family": "mlp", "hidden": 8})
+    run = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress"),
+                           cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, preexec_fn=_own_terminal_group)
+    try:
+        time.sleep(after)
+        started = descendants(run.pid)
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+        wait_for(lambda: not any(_alive(pid) for pid in started), 20, "the processes to end")
+    finally:
+        kill_tree(run)
+    assert run.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "Process fedctl" not in err, err[-3000:]
+
+
 def _as_nohup() -> None:
     """In the child, before exec: what `nohup` does (SIGHUP ignored)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
