@@ -307,7 +307,7 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
         ("join_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("heartbeat_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
         ("report_timeout", lambda v: _num(v) and v > 0, "a number of seconds > 0"),
-        ("seed", _int, "an integer"),
+        ("seed", lambda v: _int(v) and 0 <= v < 2**32, "an integer in [0, 2**32)"),
         ("eval_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
         ("checkpoint_every", lambda v: _int(v) and v >= 0, "an integer >= 0 (0: never)"),
         ("checkpoint_budget", lambda v: _num(v) and 0 < v <= 1, "a fraction in (0, 1]"),
@@ -378,8 +378,10 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
                               "(write one with `fedctl keygen`)")
         cfg.security = SecurityConfig(mode=mode, keys_dir=keys_dir, explicit=True)
 
-    # Relative paths are relative to the YAML file's directory.
+    # Relative paths are relative to the YAML file's directory; `~` is the user's home, as a
+    # shell would read it (a folder literally named `~` was made beside the config).
     base = Path(source).resolve().parent if Path(source).exists() else Path.cwd()
+    home = os.path.expanduser
     if raw.get("tracking") is not None:
         tr = dict(_section(raw, "tracking", {"tensorboard", "mlflow", "experiment"}, src))
         for key in ("tensorboard", "mlflow"):
@@ -388,22 +390,22 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
                     "true, false, or a folder" + (" or a tracking URI" if key == "mlflow"
                                                   else ""), v)
             if isinstance(v, str) and "://" not in v and not v.startswith("file:"):
-                tr[key] = str((base / v).resolve())
+                tr[key] = str((base / home(v)).resolve())
         _expect(isinstance(tr.get("experiment", "fedctl"), str) and tr.get("experiment", "x"),
                 f"{src}: tracking.experiment", "a name", tr.get("experiment"))
         cfg.tracking = TrackingConfig(**tr)
-    cfg.data.path = str((base / data.path).resolve())
+    cfg.data.path = str((base / home(data.path)).resolve())
     for w in cfg.workers:
         if w.data:
-            w.data = str((base / w.data).resolve())
+            w.data = str((base / home(w.data)).resolve())
     if data.cache_dir:
-        cfg.data.cache_dir = str((base / data.cache_dir).resolve())
+        cfg.data.cache_dir = str((base / home(data.cache_dir)).resolve())
     if data.embedding_model:  # a folder on this machine (nothing is downloaded), as the others
-        cfg.data.embedding_model = str((base / data.embedding_model).resolve())
+        cfg.data.embedding_model = str((base / home(data.embedding_model)).resolve())
     # Absolute, but a link (runs/latest) stays a link: it names the run history, not a run.
-    cfg.output_dir = os.path.abspath(base / cfg.output_dir)
+    cfg.output_dir = os.path.abspath(base / home(cfg.output_dir))
     if cfg.security.keys_dir:
-        cfg.security.keys_dir = str((base / cfg.security.keys_dir).resolve())
+        cfg.security.keys_dir = str((base / home(cfg.security.keys_dir)).resolve())
     return cfg
 
 

@@ -58,6 +58,11 @@ def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
         raise ConfigError(f"{cfg.source}: data.embedding_model: {model}: not a sentence model's "
                           f"folder (one saved on this machine, with its config.json: nothing "
                           f"is downloaded)")
+    folders = [("data.cache_dir", cfg.data.cache_dir)]
+    if worker is None:  # the master's node writes the run
+        folders.append(("output_dir", cfg.output_dir))
+    for key, folder in folders:
+        check_folder(cfg, key, folder)
     family = make_server_family(cfg)
     found = Preflight(family)
     shards = ({worker: local_data(cfg, worker, data)} if worker is not None
@@ -80,6 +85,20 @@ def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
         check_ports_free(cfg)
         found.ports_checked = True
     return found
+
+
+def check_folder(cfg: ClusterConfig, key: str, folder: str | None) -> None:
+    """ConfigError naming ``key`` when ``folder`` (None: the default, not checked) is, or
+    lies under, a file: `check` passed it and the run then failed."""
+    if folder is None:
+        return
+    path = Path(folder)
+    for at in (path, *path.parents):
+        if at.exists() or at.is_symlink():
+            if not at.is_dir():
+                where = "is a file" if at == path else f"lies under {at}, a file"
+                raise ConfigError(f"{cfg.source}: {key}: {path} {where}; expected a folder")
+            return
 
 
 def worker_shards(cfg: ClusterConfig, found: Preflight | None = None) -> dict[str, LocalData]:
@@ -123,7 +142,15 @@ def check_ports_free(cfg: ClusterConfig) -> None:
             try:
                 s.bind((bind, port))
             except OSError as exc:
-                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-                raise ConfigError(f"{cfg.source}: master.{key}: port {port} is {why} on this "
-                                  f"host (another fedctl master, or another program: pick a "
-                                  f"free port)") from None
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(f"{cfg.source}: master.{key}: port {port} is in use on "
+                                      f"this host (another fedctl master, or another program: "
+                                      f"pick a free port)") from None
+                if exc.errno == errno.EACCES:
+                    raise ConfigError(f"{cfg.source}: master.{key}: port {port} needs "
+                                      f"privileges to bind (pick one above 1023)") from None
+                # Not the port's fault: the address (a name that does not resolve, one that
+                # is not this host's) was blamed on the port.
+                raise ConfigError(f"{cfg.source}: master.bind: cannot bind {m.bind!r} on this "
+                                  f"host ({exc.strerror or exc}): use an address of this host, "
+                                  f"or '*' for all") from None

@@ -181,18 +181,19 @@ class RateLimiter:
 def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> bool:
     """The close rule: every live participant has reported, or the deadline has passed, and in
     either case at least ``min(min_workers, participants)`` updates are in; or every
-    participant still out had its update refused (it will not send another: the round
-    closes with what it has, perhaps nothing); or the deadline has passed and every one still
-    out alive was refused, or, where the sample ignores liveness (DP-FedAvg), is down. Dead
-    participants are dropped at once rather than at the deadline."""
+    participant had its update refused (none will send another: the round closes with
+    nothing); or the deadline has passed and every one still out alive was refused, or, where
+    the sample ignores liveness (DP-FedAvg), is down. Dead participants are dropped at once
+    rather than at the deadline."""
     live = [w for w in rnd.waiting() if w in roster and roster.alive(w, now)]
     enough = len(rnd.results) >= min(min_workers, len(rnd.participants))
     if (not live and enough) or (now >= rnd.deadline and enough):
         return True
-    waiting = rnd.waiting()
-    if waiting and set(waiting) <= rnd.refused:
-        # Every one still out had its update refused and will not send another this round (a
-        # diverged model's non-finite loss made every round wait its whole deadline).
+    if rnd.participants and not rnd.results and set(rnd.participants) <= rnd.refused:
+        # Every participant's update was refused, and none will send another this round (a
+        # diverged model's non-finite loss made every round wait its whole deadline). With
+        # some updates in, the deadline still holds: each refused worker is excluded after
+        # ABSTAIN_LIMIT rounds, and the round's other senders are not cut short.
         return True
     if now >= rnd.deadline and live and set(live) <= rnd.refused:
         return True  # past the deadline, and those still out alive had their updates refused

@@ -473,3 +473,14 @@ def test_settings_a_family_would_ignore_are_refused(family: str, change: dict,
         make_server_family(cfg)
     make_server_family(parse_config({"workers": ["w1", "w2"], "rounds": 10,
                                      "model": {"family": family}}, "cluster.yaml"))
+
+
+def test_a_home_folder_in_paths_is_the_users_home(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`output_dir: ~/runs` made a folder literally named `~` beside the config."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(write(tmp_path / "conf", "output_dir: ~/runs/x\n"
+                                               "data: {path: ~/data.jsonl, cache_dir: ~/cache}\n"))
+    assert cfg.output_dir == str(tmp_path / "home" / "runs" / "x")
+    assert cfg.data.path == str(tmp_path / "home" / "data.jsonl")
+    assert cfg.data.cache_dir == str(tmp_path / "home" / "cache")

@@ -97,13 +97,38 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
     if case == "no word survives min_df":
         return {"model": {"family": "nmf", "n_topics": 4, "min_df": 10_000}}, (
             "model.min_df: no word is in 10000 or more of the workers' training documents")
+    if case == "strategy option it does not take":
+        return {"strategy": {"name": "fedavg", "eta": 0.1}}, (
+            "strategy.eta: fedavg takes no option 'eta' (its options: none)")
+    if case == "strategy option not a number":
+        return {"strategy": {"name": "fedadam", "eta": "x"}}, (
+            "strategy.eta: expected a number, got 'x'")
+    if case == "seed out of range":
+        return {"seed": 2**40}, "seed: expected an integer in [0, 2**32), got 1099511627776"
+    if case == "bind not of this host":
+        return {"master": {"bind": "999.1.1.1"}}, "master.bind: cannot bind '999.1.1.1'"
+    if case == "output_dir a file":
+        (tmp / "a_file").write_text("")
+        return {"output_dir": str(tmp / "a_file")}, (
+            f"output_dir: {tmp / 'a_file'} is a file; expected a folder")
+    if case == "cache_dir under a file":
+        (tmp / "a_file").write_text("")
+        return {"data": {"cache_dir": str(tmp / "a_file" / "cache")}}, (
+            f"data.cache_dir: {tmp / 'a_file' / 'cache'} lies under {tmp / 'a_file'}, a file")
+    if case == "too many clusters":
+        return {"model": {"family": "fstc", "n_clusters": 20_000}}, (
+            "model.n_clusters: expected 0 (the number of classes) or 2 to 10,000")
     raise AssertionError(case)
 
 
 RUN_TOO = ("malformed line", "sync NTM without a whole step")
 BAD = ["missing data file", "data path is a folder", "data not UTF-8", "malformed line",
        "empty file", "classifier without labels", "sentence model by name", "task typo",
-       "sync NTM without a whole step", "no word survives min_df"]
+       "sync NTM without a whole step", "no word survives min_df",
+       # check passed these, and the run failed, or they read as Python's internals
+       "strategy option it does not take", "strategy option not a number", "seed out of range",
+       "bind not of this host", "output_dir a file", "cache_dir under a file",
+       "too many clusters"]
 
 
 @pytest.mark.parametrize("case", BAD)

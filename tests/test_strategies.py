@@ -201,8 +201,10 @@ def test_make_strategy_unknown_name_lists_known_ones(name):
 
 
 def test_make_strategy_refuses_unknown_parameters():
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="server_lr: fedavg takes no option 'server_lr'"):
         make_strategy("fedavg", server_lr=0.1)
+    with pytest.raises(ValueError, match="eta: expected a number, got 'x'"):
+        make_strategy("fedadam", eta="x")
 
 
 # --------------------------------------------------------------------------------------------

@@ -447,6 +447,8 @@ def centers_size(k: int, dim: int, with_head: bool) -> int:
     return k * dim + k + (k * dim + k if with_head else 0) + 1
 
 
+#: Most clusters a job may ask for (the master refuses a registration past it).
+MAX_CLUSTERS = 10_000
 #: How far past the clip a value of :func:`centers_from_sum` may be from the secure sum's
 #: fixed-point rounding alone, divided by small weights (relative to the clip).
 CLIP_SLACK = 1e-3
@@ -586,8 +588,9 @@ class FSTCParams:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
-        if self.n_clusters < 0 or self.n_clusters == 1:
-            raise ValueError("n_clusters: expected 0 (the number of classes) or >= 2")
+        if self.n_clusters < 0 or self.n_clusters == 1 or self.n_clusters > MAX_CLUSTERS:
+            raise ValueError(f"n_clusters: expected 0 (the number of classes) or 2 to "
+                             f"{MAX_CLUSTERS:,}")
         for name in ("iterations", "batch_size", "n_refresh", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an integer >= 1")

@@ -33,7 +33,9 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
     try:
         strategy = make_strategy(cfg.strategy["name"], **cfg.strategy_params)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{cfg.source}: strategy: {exc}") from None
+        # (An option's own message starts with its name: strategy.eta: ...)
+        sep = "." if str(exc).split(":", 1)[0] in cfg.strategy_params else ": "
+        raise ConfigError(f"{cfg.source}: strategy{sep}{exc}") from None
     if cls.own_rule is not None and strategy.name != "fedavg":
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} would not be used by "
                           f"{cls.name} ({cls.own_rule}); remove `strategy`")

@@ -28,6 +28,7 @@ from common.data.shards import local_data, sentence_features, simulated
 from common.models.fstc import (
     CENTERS,
     COUNTS,
+    MAX_CLUSTERS,
     FSTCClusterer,
     FSTCParams,
     aggregate_centers,
@@ -43,7 +44,6 @@ from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
 
-MAX_CLUSTERS = 10_000
 #: Largest magnitude of a k-FED centre's coordinate: sentence embeddings are under 1, and the
 #: nearest-centre head's bias, -|c|^2 / 2 tau, stays finite in float32 far beyond this.
 MAX_COORDINATE = 1e6
@@ -114,8 +114,8 @@ class FSTCServer(ServerFamily):
     def check_info(self, info: Mapping[str, Any]) -> None:
         k, dim = info.get("n_clusters"), info.get("dim")
         if not _count(k) or not 2 <= k <= MAX_CLUSTERS:
-            raise ProtocolError("register.info.n_clusters: expected a cluster count >= 2",
-                                code=errors.BAD_FIELD)
+            raise ProtocolError(f"register.info.n_clusters: expected a cluster count from 2 "
+                                f"to {MAX_CLUSTERS:,}", code=errors.BAD_FIELD)
         if not _count(dim) or not 0 < dim <= 1 << 16:
             raise ProtocolError("register.info.dim: expected a feature count",
                                 code=errors.BAD_FIELD)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 from typing import Any
 
 from common.plugins import STRATEGIES as STRATEGY_GROUP
@@ -42,11 +44,40 @@ def strategy_class(name: str) -> type[Strategy]:
     return cls
 
 
+def check_options(cls: type[Strategy], params: dict[str, Any]) -> None:
+    """Refuse an option ``cls`` does not take, or a value not of its default's kind (a
+    number for a number), naming the option: the constructor's own TypeError named Python's
+    internals (``FedAvg.__init__() got an unexpected keyword argument 'eta'``, ``'>' not
+    supported between instances of 'str' and 'int'``)."""
+    options = {n: p for n, p in inspect.signature(cls.__init__).parameters.items()
+               if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()):
+        return  # a plug-in taking anything: its own checks speak
+    for key, value in params.items():
+        if key not in options:
+            takes = ", ".join(sorted(options)) or "none"
+            raise ValueError(f"{key}: {cls.name} takes no option {key!r} (its options: "
+                             f"{takes})")
+        default = options[key].default
+        number = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if number and (isinstance(value, bool) or not isinstance(value, (int, float))
+                       or not math.isfinite(value)):
+            raise ValueError(f"{key}: expected a number, got {value!r}")
+
+
 def make_strategy(name: str, **params: Any) -> Strategy:
     """Build a strategy by its ``cluster.yaml`` name (``mean``, ``fedavg``, ``fedadagrad``,
     ``fedyogi``, ``fedadam``, ``fedavgm``, ``fedmedian``, ``fedtrimmedavg``, ``krum``,
-    ``fedprox``, ``scaffold``, or a plug-in's) with its keyword parameters."""
-    return strategy_class(name)(**params)
+    ``fedprox``, ``scaffold``, or a plug-in's) with its keyword parameters.
+
+    Raises
+    ------
+    ValueError
+        An unknown name, an option the strategy does not take, or a value it refuses.
+    """
+    cls = strategy_class(name)
+    check_options(cls, params)
+    return cls(**params)
 
 
 __all__ = ["ClientResult", "Strategy", "STRATEGIES", "strategy_class", "make_strategy", "FedAvg",
