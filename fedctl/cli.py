@@ -619,7 +619,17 @@ def entry() -> None:
     interpreter's teardown (:func:`_end`)."""
     global _OWN_PROCESS
     _OWN_PROCESS = True
-    main()
+    try:
+        code = main.main(prog_name="fedctl", standalone_mode=False)
+    except click.exceptions.Abort:
+        # Ctrl-C where a command does not say it itself: click printed "Aborted!" and exited
+        # 1, which a script cannot tell from a failure.
+        click.echo("Error: interrupted", err=True)
+        sys.exit(128 + signal.SIGINT)
+    except click.ClickException as exc:  # as click's standalone mode shows it
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

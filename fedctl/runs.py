@@ -143,6 +143,16 @@ def wall_time(run_dir: str | Path) -> float | None:
     return max(times) - min(times) if len(times) > 1 else None
 
 
+def rounds_logged(run_dir: str | Path) -> int:
+    """The last round whose ``round`` event ``metrics.jsonl`` holds (0 for none): of a run
+    that stopped, those a resume does not run again."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    done = [e.get("round") for e in read_metrics(path) if e.get("event") == "round"]
+    return max((r for r in done if isinstance(r, int)), default=0)
+
+
 def strategy_name(cfg: ClusterConfig) -> str:
     """What aggregates: the strategy, or "its own rule" for a family that has one (lda, fstc:
     their config's fedavg is the default, not what runs)."""
@@ -210,14 +220,19 @@ def run_state(folder: Path) -> dict[str, Any]:
             else time.time() - start if state == "running" and start is not None
             else None)
     family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))
-    if family == "?" or not workers:
+    rounds: Any = (summary or {}).get("rounds", "-")
+    if family == "?" or not workers or summary is None:
         try:
             cfg = load_config(folder / "cluster.yaml")
             family, workers = cfg.family, len(cfg.workers)
         except Exception:  # a folder half-written by a run still starting
-            pass
+            cfg = None
+        if summary is None and cfg is not None:
+            # Unfinished: the rounds its log holds of those it was to run ("-" said nothing of
+            # a run stopped at round 40 of 50).
+            rounds = f"{rounds_logged(folder)}/{cfg.rounds}"
     return {"path": folder, "family": family, "workers": workers,
-            "rounds": (summary or {}).get("rounds", "-"), "score": headline(summary),
+            "rounds": rounds, "score": headline(summary),
             "wall_s": wall, "state": state, "started": start, "mtime": folder.stat().st_mtime}
 
 

@@ -591,6 +591,29 @@ def test_ctrl_c_while_a_run_starts_prints_no_traceback(make_config: MakeConfig, 
     assert "Traceback" not in err and "Process fedctl" not in err, err[-3000:]
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_any_command_is_one_line_and_status_130(tmp_path: Path) -> None:
+    """Where a command does not handle Ctrl-C itself (predict, data embed...), click printed
+    "Aborted!" and exited 1, which a script cannot tell from a failure."""
+    rows = [json.dumps({"text": f"document {i} on the cost of {i % 97} kinds of trains"})
+            for i in range(20_000)]
+    (tmp_path / "docs.jsonl").write_text("\n".join(rows) + "\n")
+    embed = subprocess.Popen(
+        fedctl_command("data", "embed", str(tmp_path / "docs.jsonl"), "-o",
+                       str(tmp_path / "features"), "--cache-dir", str(tmp_path / "cache"),
+                       "--no-progress"),
+        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_own_terminal_group)
+    try:
+        time.sleep(4)  # importing, then embedding 20,000 texts: tens of seconds here
+        os.killpg(embed.pid, signal.SIGINT)
+        _, err = embed.communicate(timeout=60)
+    finally:
+        kill_tree(embed)
+    assert embed.returncode == 130 and err.strip().endswith("Error: interrupted"), err
+    assert "Aborted!" not in err and "Traceback" not in err
+
+
 def _as_nohup() -> None:
     """In the child, before exec: what `nohup` does (SIGHUP ignored)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -338,3 +338,23 @@ def test_hand_edited_run_files_are_one_line_errors_and_hide_no_other_run(
     with pytest.raises(ValueError, match="not readable JSON .nested too deep."):
         read_json(odd / "model.json")
     assert good.is_dir()
+
+
+def test_fedctl_runs_says_how_far_an_unfinished_run_got(tmp_path: Path) -> None:
+    """A run stopped at round 40 of 50 was listed with `-` rounds: now `40/50`, from the
+    rounds its log holds (those a resume does not run again) and its config's."""
+    from click.testing import CliRunner
+
+    from fedctl.cli import main
+
+    runs = tmp_path / "runs"
+    stopped = _run_dir(runs, "20260101T000000Z-aaaaaa", finished=False)
+    (stopped / "cluster.yaml").write_text("workers: [w1, w2]\nrounds: 50\n")
+    with (stopped / "metrics.jsonl").open("a") as fh:
+        for r in range(1, 41):
+            fh.write(json.dumps({"event": "round", "round": r, "time": 2.0 + r}) + "\n")
+    _run_dir(runs, "20260102T000000Z-bbbbbb", finished=True)
+    listed = list_runs(runs)
+    assert [e["rounds"] for e in listed] == ["40/50", 3]
+    shown = CliRunner().invoke(main, ["runs", str(runs)], prog_name="fedctl")
+    assert shown.exit_code == 0 and " 40/50 " in shown.stdout, shown.output
