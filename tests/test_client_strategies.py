@@ -27,7 +27,7 @@ def test_fedprox_aggregates_as_fedavg_and_sends_mu():
 @pytest.mark.parametrize("model, refusal", [
     ({"family": "mlp"}, None), ({"family": "nmf"}, None),
     ({"family": "prodlda", "mode": "fedavg"}, None),
-    ({"family": "prodlda", "mode": "sync"}, "proximal_mu"),
+    ({"family": "prodlda", "mode": "sync"}, "would not be used in mode sync"),
     ({"family": "fstc"}, "no global head"), ({"family": "lda"}, "iFTM's merge")])
 def test_only_families_whose_workers_apply_mu_take_fedprox(model, refusal, tmp_path):
     cfg = parse_config({"model": model, "workers": ["w1", "w2"], "rounds": 10,

@@ -428,11 +428,15 @@ def test_publishing_keeps_a_users_folder_named_like_the_old_run(tmp_path: Path) 
 
 def test_a_run_that_fails_before_training_is_kept_as_failed(make_config: MakeConfig,
                                                             tmp_path: Path) -> None:
-    """A failure while preparing (here the embedding cache cannot be made) ends as a failed
-    run, `<output>.failed` with its note, not a `.partial` left behind."""
-    blocker = tmp_path / "a_file"
-    blocker.write_text("")
-    config = make_config(tmp_path, data={"cache_dir": str(blocker / "cache")})
+    """A failure while preparing (here the sentence model's folder holds a config.json that
+    is not one: `check` looks for the file, the embedding reads it) ends as a failed run,
+    `<output>.failed` with its note, not a `.partial` left behind. (An embedding cache under
+    a file, the case this used, is now refused before anything starts.)"""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("not json")
+    config = make_config(tmp_path, data={"embedding_model": str(model),
+                                         "cache_dir": str(tmp_path / "cache")})
     run = _fedctl("run", "--config", str(config), "--no-progress")
     assert run.returncode == 1, run.stderr[-2000:]
     assert run.stderr.strip().splitlines()[-1].startswith("Error: ")
