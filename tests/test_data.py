@@ -69,6 +69,15 @@ def test_read_blank_lines_and_int_labels(tmp_path: Path) -> None:
     assert ds.labels == ["1", "two"]
 
 
+def test_read_a_file_with_a_byte_order_mark_and_windows_line_ends(tmp_path: Path) -> None:
+    """A file saved by a Windows editor starts with a UTF-8 byte-order mark: its line 1 was
+    "not valid JSON" (predict read it; training did not)."""
+    f = tmp_path / "x.jsonl"
+    f.write_bytes(b'\xef\xbb\xbf{"text": "a", "label": "x"}\r\n{"text": "b", "label": "y"}\r\n')
+    ds = read_jsonl(f)
+    assert ds.texts == ["a", "b"] and ds.labels == ["x", "y"]
+
+
 @pytest.mark.parametrize(
     ("line3", "expected"),
     [

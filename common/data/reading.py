@@ -88,6 +88,8 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
     with p.open("rb") as fh:  # decoded line by line: an error names its line
         for lineno, raw in enumerate(fh, start=1):
             where = f"{p}:{lineno}"
+            if lineno == 1:  # a byte-order mark (Windows editors write one) is not text
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
