@@ -6,8 +6,6 @@ never starts a cluster.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import sys
@@ -18,6 +16,7 @@ from typing import Any, NamedTuple
 import click
 
 from common.atomic import atomic_write_bytes
+from common.data.reading import TABLE_DELIMITERS, read_table
 from fedctl.errors import fail
 
 _run_arg = click.argument("run", type=click.Path(exists=True, file_okay=False),
@@ -34,9 +33,6 @@ class _Document(NamedTuple):
 
 #: Extensions that say JSONL whatever the first line looks like (case aside).
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-#: Extensions of a table with a header naming a "text" column (and maybe an "id"): read with
-#: the csv module (a CSV's quoted commas and line breaks included; a TSV is not quoted).
-TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
 def _read_texts(path: str) -> list[_Document]:
@@ -88,39 +84,18 @@ def _read_texts(path: str) -> list[_Document]:
 def _read_table(path: str, text: str, delimiter: str) -> list[_Document]:
     """The ``text`` column of a CSV or TSV file with a header (and its ``id`` column, if
     any); each document's line is the one its row begins on."""
-    # strict: an unbalanced quote is an error, not the next rows swallowed into one field; a
-    # document as long as a JSONL line may be is a field as long.
-    csv.field_size_limit(max(csv.field_size_limit(), len(text)))
-    # A TSV has no quoting (a text may begin with "); a CSV's quotes hold commas and lines.
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True,
-                        quoting=quoting)
-    try:
-        header: list[str] = []
-        while not any(h.strip() for h in header):  # blank lines before the header
-            header = [h.strip().lower() for h in next(reader)]
-    except StopIteration:
-        raise ValueError(f"{path}: no documents") from None
-    except csv.Error as exc:
-        raise ValueError(f"{path}:{reader.line_num}: not readable as a table ({exc})") from None
+    header, rows = read_table(path, text, delimiter)
     if "text" not in header:
         raise ValueError(f"{path}:1: expected a header naming a \"text\" column (found: "
                          f"{', '.join(h for h in header if h)[:200] or 'none'})")
     at, id_at = header.index("text"), header.index("id") if "id" in header else None
     docs = []
-    try:
-        begins = reader.line_num + 1  # (a blank line is a row of its own: [])
-        for row in reader:
-            line, begins = begins, reader.line_num + 1
-            if not any(cell.strip() for cell in row):
-                continue  # a blank line, as in plain text
-            if len(row) <= at:
-                raise ValueError(f"{path}:{line}: {len(row)} column(s), no \"text\" "
-                                 f"(column {at + 1})")
-            given = row[id_at] if id_at is not None and id_at < len(row) else ""
-            docs.append(_Document(line, row[at], given or None))  # (an empty id: none)
-    except csv.Error as exc:
-        raise ValueError(f"{path}:{reader.line_num}: not readable as a table ({exc})") from None
+    for line, row in rows:
+        if len(row) <= at:
+            raise ValueError(f"{path}:{line}: {len(row)} column(s), no \"text\" "
+                             f"(column {at + 1})")
+        given = row[id_at] if id_at is not None and id_at < len(row) else ""
+        docs.append(_Document(line, row[at], given or None))  # (an empty id: none)
     if not docs:
         raise ValueError(f"{path}: no documents below its header")
     return docs

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,28 @@ def test_read_a_file_with_a_byte_order_mark_and_windows_line_ends(tmp_path: Path
     f.write_bytes(b'\xef\xbb\xbf{"text": "a", "label": "x"}\r\n{"text": "b", "label": "y"}\r\n')
     ds = read_jsonl(f)
     assert ds.texts == ["a", "b"] and ds.labels == ["x", "y"]
+
+
+def test_read_a_table_with_a_header(tmp_path: Path) -> None:
+    """Documents often come as a spreadsheet's CSV (or a TSV): its "text" and "label"
+    columns are read as JSONL's fields (quoted commas and line breaks included); a "label"
+    column labels every row. Such a file was "line 1: not valid JSON"."""
+    f = tmp_path / "docs.csv"
+    f.write_bytes(b'\xef\xbb\xbfid,Text,label\n1,"a, b\nc",x\n\n2,plain,y\n')
+    ds = read_jsonl(f)
+    assert ds.texts == ["a, b\nc", "plain"] and ds.labels == ["x", "y"] and ds.labelled
+    t = tmp_path / "docs.tsv"
+    t.write_text('text\n"quoted" as is\nsecond\n')
+    ds = read_jsonl(t)
+    assert ds.texts == ['"quoted" as is', "second"] and not ds.labelled
+    assert len(read_jsonl(f, limit=1)) == 1
+    for text, message in (("text,label\na,x\nb,\n", "docs.csv:3: no label (the header has"),
+                          ("body,label\na,x\n", 'docs.csv:1: expected a header naming a "text"'),
+                          ('text\n"open\n', "docs.csv:2: not readable as a table"),
+                          ("text,label\n", "docs.csv: empty file")):
+        f.write_text(text)
+        with pytest.raises(DataError, match=re.escape(message)):
+            read_jsonl(f)
 
 
 @pytest.mark.parametrize(

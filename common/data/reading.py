@@ -1,8 +1,11 @@
-"""Reading text: JSON Lines files of ``{"text": ..., "label": ...}`` (labels optional: the
-unsupervised families train on text alone) and the targets a task makes of the labels."""
+"""Reading text: JSON Lines files of ``{"text": ..., "label": ...}``, or CSV / TSV tables
+with a header naming a ``text`` column (and a ``label`` one); labels are optional, since the
+unsupervised families train on text alone. Also the targets a task makes of the labels."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +13,10 @@ from pathlib import Path
 import numpy as np
 
 TASKS = ("multiclass", "one_vs_rest")
+#: Tables by their extension, and their delimiter: a header naming a "text" column (and a
+#: "label", or for `predict` an "id"), read with the csv module (a CSV's quoted commas and line
+#: breaks included; a TSV is not quoted).
+TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
 class DataError(ValueError):
@@ -77,6 +84,8 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
     p = Path(path)
     if limit is not None and limit < 1:
         raise DataError(f"{p}: limit must be at least 1, got {limit}")
+    if p.suffix.lower() in TABLE_DELIMITERS and p.is_file():
+        return _subset(*_read_labelled_table(p), p, limit, seed)
     if p.is_dir():
         raise DataError(f"{p}: a folder; expected a JSONL file (one document a line)")
     if not p.is_file():
@@ -110,12 +119,79 @@ def read_jsonl(path: str | Path, limit: int | None = None, seed: int = 0) -> Tex
 
     if not texts or first is None:
         raise DataError(f"{p}: empty file (no rows)")
+    return _subset(texts, labels, first[1], p, limit, seed)
 
+
+def _subset(texts: list[str], labels: list[str], labelled: bool, p: Path, limit: int | None,
+            seed: int) -> TextDataset:
+    """The dataset, or a seeded random subset of ``limit`` rows of it, in file order."""
     if limit is not None and limit < len(texts):
         keep = np.sort(np.random.default_rng(seed).choice(len(texts), size=limit, replace=False))
         texts = [texts[i] for i in keep]
         labels = [labels[i] for i in keep]
-    return TextDataset(texts=texts, labels=labels, path=p, labelled=first[1])
+    return TextDataset(texts=texts, labels=labels, path=p, labelled=labelled)
+
+
+def read_table(path: str | Path, text: str, delimiter: str
+               ) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """A CSV (``delimiter`` ``,``) or TSV (``\\t``) table with a header: the header's names
+    (stripped, lower case) and each non-blank row with the line it begins on.
+
+    Raises
+    ------
+    DataError
+        No header, or a row the csv module cannot read (an unbalanced quote), naming the line.
+    """
+    # strict: an unbalanced quote is an error, not the next rows swallowed into one field; a
+    # document as long as a JSONL line may be is a field as long.
+    csv.field_size_limit(max(csv.field_size_limit(), len(text)))
+    # A TSV has no quoting (a text may begin with "); a CSV's quotes hold commas and lines.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True,
+                        quoting=quoting)
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        header: list[str] = []
+        while not any(h.strip() for h in header):  # blank lines before the header
+            header = [h.strip().lower() for h in next(reader)]
+        begins = reader.line_num + 1  # (a blank line is a row of its own: [])
+        for row in reader:
+            line, begins = begins, reader.line_num + 1
+            if any(cell.strip() for cell in row):  # a blank line, as in plain text
+                rows.append((line, row))
+    except StopIteration:
+        raise DataError(f"{path}: no documents") from None
+    except csv.Error as exc:
+        raise DataError(f"{path}:{reader.line_num}: not readable as a table ({exc})") from None
+    return header, rows
+
+
+def _read_labelled_table(p: Path) -> tuple[list[str], list[str], bool]:
+    """A table's ``text`` column and its ``label`` one (every row's ``""`` without one)."""
+    try:
+        text = p.read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    header, rows = read_table(p, text, TABLE_DELIMITERS[p.suffix.lower()])
+    if "text" not in header:
+        found = ", ".join(h for h in header if h)[:200] or "none"
+        raise DataError(f"{p}:1: expected a header naming a \"text\" column (and a "
+                        f"\"label\" one; found: {found})")
+    at = header.index("text")
+    label_at = header.index("label") if "label" in header else None
+    texts, labels = [], []
+    for line, row in rows:
+        if len(row) <= at:
+            raise DataError(f"{p}:{line}: {len(row)} column(s), no \"text\" (column {at + 1})")
+        label = row[label_at].strip() if label_at is not None and label_at < len(row) else ""
+        if label_at is not None and not label:
+            raise DataError(f"{p}:{line}: no label (the header has a \"label\" column: label "
+                            f"every row, or drop the column)")
+        texts.append(row[at])
+        labels.append(label)
+    if not texts:
+        raise DataError(f"{p}: empty file (no rows below its header)")
+    return texts, labels, label_at is not None
 
 
 def _parse_row(line: str, where: str) -> tuple[str, str | None]:
