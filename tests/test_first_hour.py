@@ -115,6 +115,9 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
         (tmp / "a_file").write_text("")
         return {"data": {"cache_dir": str(tmp / "a_file" / "cache")}}, (
             f"data.cache_dir: {tmp / 'a_file' / 'cache'} lies under {tmp / 'a_file'}, a file")
+    if case == "a network no memory holds":
+        return {"model": {"family": "mlp", "hidden": 10**9}}, (
+            "model.hidden: 1000000000 makes a network of 387,000,000,002 parameters")
     if case == "too many clusters":
         return {"model": {"family": "fstc", "n_clusters": 20_000}}, (
             "model.n_clusters: expected 0 (the number of classes) or 2 to 10,000")
@@ -128,7 +131,7 @@ BAD = ["missing data file", "data path is a folder", "data not UTF-8", "malforme
        # check passed these, and the run failed, or they read as Python's internals
        "strategy option it does not take", "strategy option not a number", "seed out of range",
        "bind not of this host", "output_dir a file", "cache_dir under a file",
-       "too many clusters"]
+       "too many clusters", "a network no memory holds"]
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -54,6 +54,10 @@ class MLPParams:
         if self.lr <= 0:
             raise ValueError("lr: expected a number > 0")
 
+    def n_parameters(self, input_dim: int, n_classes: int) -> int:
+        """The network's parameter count (Linear-ReLU-Linear), without building it."""
+        return input_dim * self.hidden + self.hidden + self.hidden * n_classes + n_classes
+
     def classifier(self, input_dim: int, n_classes: int, device: str = "cpu",
                    random_state: int = 0, dp: DPSGDParams | None = None) -> MLPClassifier:
         """A fresh classifier with these hyperparameters (trained by DP-SGD with ``dp``)."""

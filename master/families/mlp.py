@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from common.config import ClusterConfig, ConfigError, build_params
@@ -58,6 +61,15 @@ class MLPServer(ServerFamily):
             raise ConfigError(f"{self.cfg.source}: model.max_classes: the workers' training "
                               f"documents hold {len(classes)} classes, more than "
                               f"{self.params.max_classes}")
+        # A width with zeros too many (hidden: 100000000) passed, and the master then tried to
+        # allocate the model: the master alone holds two copies (the model and an aggregate).
+        n = self.params.n_parameters(_embedding_dim(d.embedding_model), len(classes))
+        memory = physical_memory()
+        if memory is not None and 2 * 4 * n > memory:
+            raise ConfigError(f"{self.cfg.source}: model.hidden: {self.params.hidden} makes a "
+                              f"network of {n:,} parameters, {4 * n / 2**30:.1f} GiB a copy in "
+                              f"float32, and the master holds two: more than this machine's "
+                              f"{memory / 2**30:.0f} GiB")
 
     def warm_up(self) -> None:
         import common.models.mlp  # noqa: F401  (torch: 1-2 s, not while workers wait)
@@ -107,3 +119,24 @@ class MLPServer(ServerFamily):
         if unknown:
             raise ProtocolError(f"classes {sorted(unknown)} are not in the model",
                                 code=errors.REJECTED)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _embedding_dim(model: str | None) -> int:
+    """The sentence model's output width, from its config.json (``hidden_size``) without
+    loading it; the bundled all-MiniLM-L6-v2's 384 when it does not say."""
+    if model is not None:
+        try:
+            width = json.loads((Path(model) / "config.json").read_text()).get("hidden_size")
+        except (OSError, ValueError, AttributeError):
+            width = None
+        if isinstance(width, int) and width > 0:
+            return width
+    return 384
