@@ -17,27 +17,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Installed first in the child: every request of urllib and requests is printed, then fails.
+#: Installed first in the child: every request of urllib and requests, and every host name
+#: looked up (httpx's, huggingface_hub's, any library's), is printed, then fails.
 RECORDER = """
-import urllib.request, requests.sessions
+import socket, urllib.request, requests.sessions
 def _sent(*args, **kwargs):
     print("SENT", *[a for a in args if isinstance(a, str)][:2],
           getattr(args[0], "full_url", "") if args else "", flush=True)
     raise OSError("no network here")
 urllib.request.urlopen = _sent
 requests.sessions.Session.request = lambda self, method, url, *a, **k: _sent(method, url)
+_lookup = socket.getaddrinfo
+def _resolve(host, *args, **kwargs):
+    if host not in (None, "localhost", "127.0.0.1", "::1"):
+        _sent("lookup", str(host))
+    return _lookup(host, *args, **kwargs)
+socket.getaddrinfo = _resolve
 """
 
 
 def _run(code: str, tmp_path: Path, **env: str) -> str:
     """``code`` after :data:`RECORDER` in a fresh interpreter, outside pytest and CI; its
     standard output."""
+    # (Nor is the hub told to stay offline: `fedctl worker` started by hand does not say so.)
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PYTEST_CURRENT_TEST", "CI", "MLFLOW_DISABLE_TELEMETRY",
-                          "DO_NOT_TRACK")}
+                          "DO_NOT_TRACK", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     proc = subprocess.run([sys.executable, "-c", RECORDER + code], cwd=ROOT,
-                          env={**clean, "HF_HUB_OFFLINE": "1", **env}, capture_output=True,
-                          text=True, timeout=300)
+                          env={**clean, **env}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -60,6 +67,18 @@ time.sleep(2)
 print("USED", used, flush=True)
 """, tmp_path, FEDCTL_MODELS_DIR=str(tmp_path / "models"))
     assert "SENT" not in out and "USED openvino-" in out, out
+
+
+def test_the_torch_backend_looks_nothing_up(tmp_path: Path) -> None:
+    """The bundled sentence model is read from its folder: embedding on torch, with the hub
+    not told to stay offline, looks no host up."""
+    out = _run(f"""
+from common.data.embedding import embed_texts_with_backend
+emb, used = embed_texts_with_backend(["a short text"], cache_dir={str(tmp_path / "cache")!r},
+                                     device="cpu", progress=False, backend="torch")
+print("USED", used, flush=True)
+""", tmp_path)
+    assert "SENT" not in out and "USED torch" in out, out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
