@@ -191,7 +191,7 @@ class ClusterConfig:
         cfg = copy.deepcopy(self)
         cfg.workers = [WorkerConfig(name=f"w{i + 1}") for i in range(n)]
         cfg.min_workers = min(cfg.min_workers, n)
-        _check_threshold(cfg)
+        check_threshold(cfg)
         return cfg
 
 
@@ -361,7 +361,6 @@ def parse_config(raw: Any, source: str = "<config>") -> ClusterConfig:
             f"{src}: compression.fraction", "a fraction in (0, 1]", comp.get("fraction"))
     cfg.compression = {"kind": "none", **comp}
     cfg.privacy = _privacy(raw.get("privacy"), cfg, src)
-    _check_threshold(cfg)
 
     sec = raw.get("security")
     if isinstance(sec, str):
@@ -588,9 +587,10 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
     return parse_config(raw, source=str(p))
 
 
-def _check_threshold(cfg: ClusterConfig) -> None:
+def check_threshold(cfg: ClusterConfig) -> None:
     """A secure round reveals its sum only with ``threshold`` members: more than the cluster
-    has and every round fails (the run used to show a KeyError, then advise a resume)."""
+    has and every round fails (the run used to show a KeyError, then advise a resume).
+    Checked once the worker list is final (``--workers N`` applied: the commands' loader)."""
     sa = cfg.privacy.secure_aggregation
     n = len(cfg.workers)
     if sa is not None and sa.threshold is not None and n and sa.threshold > n:

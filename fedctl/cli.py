@@ -22,7 +22,14 @@ from pathlib import Path
 import click
 
 from common import constants as C
-from common.config import WORKER_NAME, WORKER_NAME_RULE, ClusterConfig, ConfigError, load_config
+from common.config import (
+    WORKER_NAME,
+    WORKER_NAME_RULE,
+    ClusterConfig,
+    ConfigError,
+    check_threshold,
+    load_config,
+)
 from fedctl.errors import fail, one_line
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -50,6 +57,7 @@ def _load(config: str, workers: int | None = None, rounds: int | None = None,
         cfg.rounds = rounds
     if output is not None:
         cfg.output_dir = os.path.abspath(output)  # a link (runs/latest) stays a link
+    check_threshold(cfg)  # (against the workers --workers made)
     return cfg
 
 

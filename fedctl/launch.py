@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -59,17 +60,29 @@ def child_env(cache_dir: str | Path | None = None, threads: int | None = None,
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent: int) -> None:
-    """In a child of a job's launcher, before it runs: SIGTERM when its parent dies, so that
-    a launcher killed outright (SIGKILL, the OOM killer) leaves no master or worker running on
-    as an orphan (the master then stops as on SIGTERM, keeping its checkpoint). Linux only;
-    ``parent`` is the pid the child was started by, in case it died before this took hold.
-    Hand-written: psutil and multiprocessing offer no parent-death signal."""
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: a child between fork and exec must not load
+    libraries (a lock another thread of the parent held stays held there)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent(parent: int, prctl: Any) -> None:
+    """In a child of a job's launcher, before it runs: SIGTERM when its parent dies, so that
+    a launcher killed outright (SIGKILL, the OOM killer) leaves no master or worker running on
+    as an orphan (the master then stops as on SIGTERM, keeping its checkpoint). ``prctl``:
+    :func:`_prctl`'s (None: nothing done); ``parent`` is the pid the child was started by, in
+    case it died before this took hold. Hand-written: psutil and multiprocessing offer no
+    parent-death signal."""
+    if prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -100,12 +113,12 @@ def spawn(args: list[str], log: Path, env: Mapping[str, str] | None = None,
     """Start ``fedctl ARGS`` with stdout and stderr in ``log``; it ends with this process
     (:func:`die_with_parent`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    me = os.getpid()
+    me, prctl = os.getpid(), _prctl()
     with open(log, "wb") as fh:  # the child holds its own descriptor once started
         return subprocess.Popen(fedctl_command(*args, profile=profile), stdout=fh,
                                 stderr=subprocess.STDOUT, env=dict(env or child_env()),
                                 cwd=cwd, start_new_session=new_session,
-                                preexec_fn=lambda: die_with_parent(me))
+                                preexec_fn=lambda: die_with_parent(me, prctl))
 
 
 #: What the fork server behind :class:`LocalCluster` imports once, before any process of the
@@ -123,7 +136,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Within: :data:`STOP_SIGNALS` noted, not acted on; after: each noted one delivered
+    """Within: :data:`STOP_SIGNALS` noted, not acted on; after: the first noted delivered
     again to the handler it had. Only the main thread sets handlers; elsewhere, nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -136,8 +149,8 @@ def _signals_held() -> Iterator[None]:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-        for signum in dict.fromkeys(caught):
-            signal.raise_signal(signum)
+        if caught:  # the first: its handler stops the launcher (a second would be cut short)
+            signal.raise_signal(caught[0])
 
 
 def _start_fork_server() -> None:

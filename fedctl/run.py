@@ -228,8 +228,9 @@ def _claimed(staging: Path, cfg: ClusterConfig) -> Iterator[None]:
             final = staging.with_name(staging.name.removesuffix(C.STAGING_SUFFIX))
             kept = _keep_failed(staging, final, -signal.SIGKILL,
                                 "its `fedctl run` was killed before it ended", quiet=True)
-            log.warning("%s: left by a `fedctl run` that was killed; kept as %s", staging,
-                        kept)
+            log.warning("%s: left by a `fedctl run` that was killed; kept as %s%s", staging,
+                        kept, f" (resumable: fedctl master --config {kept}/cluster.yaml "
+                              f"--resume, and its workers)" if kept and resumable(kept) else "")
             os.close(fd)
             fd = -1
             with _claimed(staging, cfg):

@@ -94,7 +94,8 @@ def check_folder(cfg: ClusterConfig, key: str, folder: str | None) -> None:
         return
     path = Path(folder)
     for at in (path, *path.parents):
-        if at.exists() or at.is_symlink():
+        # (A link to nothing is absent: runs/latest may name a run deleted since.)
+        if at.exists():
             if not at.is_dir():
                 where = "is a file" if at == path else f"lies under {at}, a file"
                 raise ConfigError(f"{cfg.source}: {key}: {path} {where}; expected a folder")

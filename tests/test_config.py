@@ -443,9 +443,13 @@ def test_exponents_read_as_numbers_and_non_finite_ones_refused(tmp_path: Path) -
 def test_a_secure_threshold_above_the_cluster_is_refused(tmp_path: Path) -> None:
     """A threshold past the workers could never reveal a round's sum: `check` passed it and
     the run showed a KeyError; `--workers N` below it is refused too."""
+    from fedctl.cli import _load
+
     sa = "privacy: {secure_aggregation: {threshold: 3}}\n"
-    msg = config_error(write(tmp_path, "workers: [w1, w2]\n" + sa))
-    assert "threshold: 3 is more than the cluster's 2 workers" in msg, msg
+    two = write(tmp_path, "workers: [w1, w2]\n" + sa)
+    with pytest.raises(ConfigError, match="threshold: 3 is more than the cluster's 2 workers"):
+        _load(str(two))
+    assert len(_load(str(two), workers=4).workers) == 4  # --workers 4 makes it enough
     cfg = load_config(write(tmp_path, "workers: [w1, w2, w3]\n" + sa))
     with pytest.raises(ConfigError, match="threshold: 3 is more than the cluster's 2 workers"):
         cfg.with_workers(2)

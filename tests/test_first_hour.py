@@ -134,6 +134,19 @@ BAD = ["missing data file", "data path is a folder", "data not UTF-8", "malforme
        "too many clusters", "a network no memory holds"]
 
 
+def test_a_history_link_to_a_deleted_run_is_no_file(make_config: MakeConfig,
+                                                    tmp_path: Path) -> None:
+    """`runs/latest` may point at a run deleted since: the folder check took the dangling
+    link for a file and refused the default job."""
+    from common.config import load_config
+    from master.preflight import preflight
+
+    (tmp_path / "runs").mkdir()
+    os.symlink("20260101T000000Z-abcdef", tmp_path / "runs" / "latest")
+    preflight(load_config(make_config(tmp_path, output_dir=str(tmp_path / "runs" / "latest"))),
+              ports=False)
+
+
 @pytest.mark.parametrize("case", BAD)
 def test_preflight_refuses_bad_input_in_one_line(make_config: MakeConfig, tmp_path: Path,
                                                  case: str) -> None:
@@ -264,9 +277,10 @@ def _run_in_background(config: Path, tmp_path: Path, *args: str,
                        **popen: Any) -> subprocess.Popen:
     """``fedctl run --config CONFIG ARGS`` started (output to DEVNULL unless ``popen`` says
     otherwise), returned once its first round is done; killed if it never gets there."""
-    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen}
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": child_env(),
+             **popen}
     run = subprocess.Popen(fedctl_command("run", "--config", str(config), *args), cwd=ROOT,
-                           env=child_env(), **popen)
+                           **popen)
     # The master's log, not metrics.jsonl: round events wait there for a checkpoint.
     master_log = tmp_path / "out.partial" / "logs" / "master.log"
     try:
@@ -536,8 +550,9 @@ def test_run_stopped_by_a_signal_stops_its_processes(make_config: MakeConfig, tm
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "spawned"])
 def test_a_run_killed_outright_leaves_no_process_and_its_run_is_kept(
-        make_config: MakeConfig, tmp_path: Path) -> None:
+        make_config: MakeConfig, tmp_path: Path, fork: str) -> None:
     """SIGKILL cannot be caught: the launcher used to leave its master and workers training
     as orphans, and the next run of the same output cleared the `.partial` their master had
     checkpointed (or even finished) into. Now they end with it (a parent-death signal: the
@@ -545,7 +560,8 @@ def test_a_run_killed_outright_leaves_no_process_and_its_run_is_kept(
     a failed, resumable run before it starts its own."""
     # (Rounds enough not to end by themselves meanwhile: 5000 took under a minute.)
     config = make_config(tmp_path, workers=2, rounds=10**6, model={"family": "mlp", "hidden": 8})
-    run = _run_in_background(config, tmp_path)
+    # (FEDCTL_FORK=0: each a fresh interpreter, a child of the launcher itself.)
+    run = _run_in_background(config, tmp_path, env={**child_env(), "FEDCTL_FORK": fork})
     try:
         started = descendants(run.pid)
         assert len(started) >= 3
@@ -560,6 +576,8 @@ def test_a_run_killed_outright_leaves_no_process_and_its_run_is_kept(
     again = _fedctl("run", "--config", str(config), "--rounds", "2", "--no-progress")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "left by a `fedctl run` that was killed; kept as" in again.stderr
+    assert f"resumable: fedctl master --config {tmp_path / 'out.failed'}/cluster.yaml" \
+           in again.stderr, again.stderr[-3000:]
     kept = tmp_path / "out.failed"
     assert (kept / "checkpoint.npz").is_file() and (kept / "FAILED").read_text().startswith(
         "exit code -9: its `fedctl run` was killed before it ended")

@@ -67,7 +67,7 @@ def test_a_users_own_file_is_never_replaced_without_force(tmp_path: Path) -> Non
     mine = out / "w2.jsonl"
     mine.write_text('{"text": "my own documents", "label": "a"}\n')
     with pytest.raises(DataError, match=r"w2.jsonl: already there, and not as `fedctl data "
-                                        r"shard` left it: .* --force"):
+                                        r"shard` left it \(edited since, your own.* --force"):
         write_shards(cfg, out)
     assert mine.read_text().startswith('{"text": "my own') and not (out / "w1.jsonl").exists()
     proc = run_fedctl("data", "shard", "--config", str(tmp_path / "cluster.yaml"), "-o",
@@ -76,6 +76,12 @@ def test_a_users_own_file_is_never_replaced_without_force(tmp_path: Path) -> Non
     mine.unlink()
     write_shards(cfg, out)
     cfg.data.limit = 200  # a cut of its own files again: rewritten without --force
+    assert sorted(write_shards(cfg, out).written) == WORKERS
+    # A cut made before the manifest was kept: its files are adopted where they are what
+    # the cut writes, and rewritten when it changes.
+    (out / ".fedctl-shards.json").unlink()
+    assert write_shards(cfg, out).unchanged == WORKERS
+    cfg.data.limit = 250
     assert sorted(write_shards(cfg, out).written) == WORKERS
     (out / "w1.jsonl").write_text("edited by hand\n")
     with pytest.raises(DataError, match="w1.jsonl: already there"):

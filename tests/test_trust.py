@@ -1127,6 +1127,39 @@ def test_fstc_centres_and_head_far_off_are_refused_or_not_published() -> None:
     np.testing.assert_allclose(model["head.weight"], trained["head.weight"])
 
 
+def test_an_honest_fstc_head_at_a_high_temperature_is_published() -> None:
+    """The final head was held to 100 times the nearest-centre head of the last centres,
+    whose scale is 1/temperature: at temperature 20 (lr_head 1e-2, 20 rounds) an honestly
+    trained head of norm 14.8 against a start of 0.086 was refused. A head is now refused
+    only past both that and what its Adam steps at lr_head could reach."""
+    from common.config import parse_config
+    from master.families.fstc import FSTCServer
+    from master.strategies import ClientResult, make_strategy
+
+    k, dim, rounds = 4, 32, 20
+    cfg = parse_config({"workers": ["w1"], "rounds": rounds,
+                        "model": {"family": "fstc", "n_clusters": k, "temperature": 20.0,
+                                  "lr_head": 1e-2, "iterations": 50}}, "<test>")
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(k, dim))
+    centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+    server = FSTCServer(cfg, make_strategy("fedavg"))
+    server.setup({"w1": {"n_clusters": k, "dim": dim, "centers": centers.tolist(),
+                         "counts": [150] * k}})
+    up = {"centers": server.global_.arrays["centers"], "counts": np.full(k, 150, np.float32)}
+    for r in range(1, rounds - 1):
+        server.aggregate(r, [ClientResult("w1", up, 600)])
+    trained = {"head.weight": (rng.normal(size=(k, dim)) * 1.3).astype(np.float32),
+               "head.bias": rng.normal(size=k).astype(np.float32)}  # norm about 15
+    back = server.savepoint()
+    server.aggregate(rounds, [ClientResult("w1", {**up, **trained}, 600)])
+    back()
+    far = {"head.weight": np.full((k, dim), 1e5, np.float32),
+           "head.bias": np.full(k, -1e5, np.float32)}
+    with pytest.raises(ValueError, match="the head: .* past the .* Adam steps"):
+        server.aggregate(rounds, [ClientResult("w1", {**up, **far}, 600)])
+
+
 def test_a_forged_fstc_secure_input_cannot_move_a_centre_past_the_clip() -> None:
     """Under secure aggregation the master sees only the sum: a member's centres at the clip
     weighed as one document each moved a centre by about clip × n_max once divided by the

@@ -250,12 +250,17 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
         if target.is_file():
             old = target.read_bytes()
             if old == text.encode("utf-8"):
+                # What this cut writes, byte for byte: ours (one cut before the manifest
+                # was kept, too), to rewrite when the cut changes.
+                ours[target.name] = hashlib.sha256(old).hexdigest()
                 report.unchanged.append(name)
                 continue
             # A file of the user's (their own documents) is not ours to replace.
             if not force and ours.get(target.name) != hashlib.sha256(old).hexdigest():
                 raise DataError(f"{target}: already there, and not as `fedctl data shard` "
-                                f"left it: move it away, or pass --force to replace it")
+                                f"left it (edited since, your own, or cut by a fedctl "
+                                f"before 2026-11): move it away, or pass --force to replace "
+                                f"it")
         elif target.exists():
             raise DataError(f"{target}: already there and not a file")
         changed[name] = text.encode("utf-8")
@@ -263,6 +268,7 @@ def write_shards(cfg: ClusterConfig, out_dir: str | Path, names: list[str] | Non
         atomic_write_bytes(out / f"{name}.jsonl", data)
         ours[f"{name}.jsonl"] = hashlib.sha256(data).hexdigest()
         report.written.append(name)
-    if changed:
-        atomic_write_bytes(manifest, json.dumps(ours, indent=1, sort_keys=True).encode())
+    kept = json.dumps(ours, indent=1, sort_keys=True).encode()
+    if ours and (not manifest.is_file() or manifest.read_bytes() != kept):
+        atomic_write_bytes(manifest, kept)
     return report

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from common.models.kfed import combine_centers
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
-from master.screening import aggregate_problem
+from master.screening import aggregate_problem, norm
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -237,6 +238,23 @@ class FSTCServer(ServerFamily):
                 raise ProtocolError(f"the encoder's arrays are not the model's ({len(odd)} "
                                     f"differ, e.g. {odd[0]!r})", code=errors.SHAPE)
 
+    def _check_head(self, head: Mapping[str, np.ndarray], centers: np.ndarray,
+                    round_: int) -> None:
+        """ValueError where the final head is further from the head the workers started
+        from than training could take it: past the growth limit times that start (the
+        nearest-centre head of ``centers``: the start itself is neither kept nor
+        checkpointed) and past all its ``round_`` × ``iterations`` Adam steps at
+        ``lr_head`` (a start small at a high temperature cannot bound an honest head alone)."""
+        start = FSTCClusterer(self.n_clusters, temperature=self.params.temperature
+                              ).init_from_centers(centers).get_arrays()
+        size = sum(a.size for a in start.values())
+        steps = round_ * self.params.iterations
+        reach = norm(start) + ADAM_STEP_BOUND * self.params.lr_head * steps * math.sqrt(size)
+        problem = aggregate_problem(start, head)
+        if problem is not None and norm(head) > reach:
+            raise ValueError(f"the head: {problem}, and past the {reach:.3g} its {steps} Adam "
+                             f"steps at lr_head {self.params.lr_head:g} could reach")
+
     def _encoder_form(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of the fine-tuned encoder's arrays (``encoder.*``, as a worker's
         FSTCClusterer.get_arrays names them), from the bundled model every worker starts
@@ -293,13 +311,15 @@ class FSTCServer(ServerFamily):
             names = set(with_model[0].arrays) - {CENTERS, COUNTS}
             arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
                                            [r.n_samples for r in with_model]))
-            # The head the workers started from is not kept (nor checkpointed); the
-            # nearest-centre head of the last centres has its scale.
-            start = FSTCClusterer(self.n_clusters, temperature=self.params.temperature
-                                  ).init_from_centers(previous).get_arrays()
-            _check_growth("head", start, {n: arrays[n] for n in start})
+            self._check_head({n: arrays[n] for n in ("head.weight", "head.bias")},
+                             previous, round_)
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
         return self.global_
+
+
+#: How far Adam moves a coordinate in one step, at most, in learning rates: (1 − β1) / √(1 − β2)
+#: ≈ 3.2 at its first, bias-corrected steps, about 1 after.
+ADAM_STEP_BOUND = 4.0
 
 
 def _check_growth(what: str, before: Mapping[str, np.ndarray],
