@@ -1157,8 +1157,13 @@ class Master:
             return False
         survivors = sa.u3
         before, back = self.family.global_, self.family.savepoint()
+        # Each member weighs its input by its declared documents over n_max (DP-FedAvg: 1
+        # over 1), in the clear in its update: the sum's weights must come to as much.
+        sent = (float(len(survivors)) if self.cfg.privacy.client_dp is not None
+                else sum(rnd.results[w].n_samples for w in survivors) / sa.n_max)
         try:
-            arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors))
+            arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors), sent,
+                                               2 * sa.error_bound() / sa.clip + 1e-9)
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors),

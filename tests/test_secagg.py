@@ -120,6 +120,35 @@ def test_a_secure_sum_whose_weights_exceed_its_members_is_refused() -> None:
         server.secure_result(dequantize_sum(total, 2, 1.0, L), n_max=10, members=2)
 
 
+def test_a_secure_sum_whose_weights_are_not_the_declared_ones_is_refused() -> None:
+    """A member registered 1e9 documents (setting n_max, so the honest weight was 1e-7) and
+    sent a weight of nothing beside a change at the clip: the honest weights divided its
+    change, and a model of norm 1.7e9 was published, growing 50 x a round under the growth
+    limit. Each update's n_samples travels in the clear: the weights must sum to them."""
+    from common.config import parse_config
+    from master.families import Payload
+    from master.families.mlp import MLPServer
+    from master.strategies import make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2", "w3"], "privacy": {
+        "secure_aggregation": {"threshold": 2, "clip": 1.0}}}, "<test>")
+    server = MLPServer(cfg, make_strategy("fedavg"))
+    base = {"a": np.zeros(4, np.float32)}
+    server.global_ = Payload({}, base)
+    n_max = 10**9
+    honest = to_vector({"a": np.full(4, 0.1, np.float32)}, base, 100 / n_max, clip=1.0)[0]
+    forged = honest.copy()
+    forged[:-1], forged[-1] = 0.9, 0.0  # a change at the clip, weighing nothing
+    total = _ring_sum([honest, forged], 1.0)
+    with pytest.raises(ValueError, match="not the 1 the members' declared documents give"):
+        server.secure_result(total, n_max, 2, weights_sent=(100 + n_max) / n_max,
+                             tolerance=1e-6)
+    honest_too = to_vector({"a": np.full(4, 0.3, np.float32)}, base, 1.0, clip=1.0)[0]
+    avg = server.secure_result(_ring_sum([honest, honest_too], 1.0), n_max, 2,
+                               weights_sent=(100 + n_max) / n_max, tolerance=1e-6)
+    np.testing.assert_allclose(avg["a"], 0.3, atol=1e-5)
+
+
 def _ring_sum(vectors: list[np.ndarray], clip: float) -> np.ndarray:
     """What the master unmasks from these inputs in the 64-bit ring (the masks cancel: tested
     above), as floats."""

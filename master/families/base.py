@@ -97,7 +97,8 @@ class ServerFamily(ABC):
         assert sa is not None
         return bits, sa.clip
 
-    def secure_result(self, total: np.ndarray, n_max: int, members: int
+    def secure_result(self, total: np.ndarray, n_max: int, members: int,
+                      weights_sent: float | None = None, tolerance: float = 0.0
                       ) -> dict[str, np.ndarray]:
         """The round's aggregate input from the unmasked float sum of the workers' secure
         inputs (the client half's ``secure_vector``) of ``members`` workers: by default the
@@ -105,14 +106,20 @@ class ServerFamily(ABC):
 
         Each member's weight is at most 1 (its samples over the largest registration's), so
         weights summing to more than the members can send betray one sent out of range, which
-        the sum hides: refused (ValueError). A member can still claim more than its share up
-        to the others' headroom; inside a sum nothing finer can be checked."""
+        the sum hides: refused (ValueError). ``weights_sent``: what the weights must sum to,
+        from the members' declared documents (each update's ``n_samples`` travels in the
+        clear), within ``tolerance``: a member that sent a weight of nothing beside a change
+        at the clip made the others' weights divide the change (a model of 1e9 published)."""
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
         average, weights = from_sum(total, self.global_.arrays, sa.clip)
         if weights > members * C.SECURE_WEIGHT_SLACK:
             raise ValueError(f"the weights sum to {weights:.4g}, more than {members} members "
                              f"can send (at most 1 each): a member's weight is out of range")
+        if weights_sent is not None and abs(weights - weights_sent) > tolerance:
+            raise ValueError(f"the weights sum to {weights:.6g}, not the {weights_sent:.6g} "
+                             f"the members' declared documents give: a member's weight was "
+                             f"forged")
         return average
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

@@ -284,8 +284,11 @@ class FSTCServer(ServerFamily):
     def secure_size(self) -> int:
         return centers_size(self.n_clusters, self.dim, bool(self.global_.meta.get("final")))
 
-    def secure_result(self, total: np.ndarray, n_max: int, members: int
+    def secure_result(self, total: np.ndarray, n_max: int, members: int,
+                      weights_sent: float | None = None, tolerance: float = 0.0
                       ) -> dict[str, np.ndarray]:
+        # (Eq. 16's weights are the counts, which no declaration bounds: centres_from_sum
+        # refuses what no clipped input can give instead.)
         sa = self.cfg.privacy.secure_aggregation
         assert sa is not None
         return centers_from_sum(total, self.n_clusters, self.dim,

@@ -141,10 +141,11 @@ class ProdLDAServer(VocabularyServer):
         assert self.model_ is not None
         return ntm_secure.vector_size(self.model_, self._secure_phase(), self.params.batch_stats)
 
-    def secure_result(self, total: np.ndarray, n_max: int, members: int
+    def secure_result(self, total: np.ndarray, n_max: int, members: int,
+                      weights_sent: float | None = None, tolerance: float = 0.0
                       ) -> dict[str, np.ndarray]:
         if self.params.mode != "sync":
-            out = super().secure_result(total, n_max, members)
+            out = super().secure_result(total, n_max, members, weights_sent, tolerance)
         else:
             assert self.model_ is not None
             out = ntm_secure.read_sum(self.model_, self._secure_phase(), total,
