@@ -4,6 +4,7 @@ roster's reports and the metrics log's numbers."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -97,6 +98,14 @@ def test_a_report_takes_only_known_fields() -> None:
         M.check_report({"federated": {"macro_f1": 0.5}, "junk": [[]]})
     M.check_report({"federated": {"macro_f1": 0.5}, "local_only": None, "n_train": 3,
                     "n_test": 1, "version": 2, "labelled": True})
+    # A score outside its range (a macro-F1 of 1e12 made the table's mean row 3.3e11); a
+    # score of no known range (a perplexity, a plug-in's) is only checked for being finite.
+    for bad, message in (({"macro_f1": 1e12}, "macro_f1 1e+12 is outside [0, 1]"),
+                         ({"accuracy": -0.1}, "accuracy -0.1 is outside [0, 1]"),
+                         ({"npmi_doc": 1.5}, "npmi_doc 1.5 is outside [-1, 1]")):
+        with pytest.raises(ProtocolError, match=re.escape(message)):
+            M.check_report({"federated": bad})
+    M.check_report({"federated": {"perplexity": 1e6, "npmi_doc": -0.2, "nmi": 1.0}})
 
 
 def test_registering_again_cannot_take_back_a_report() -> None:

@@ -6,6 +6,7 @@ written out for people in docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from collections.abc import Mapping
@@ -132,8 +133,16 @@ def check_numeric(arrays: Mapping[str, Any], where: str) -> None:
 REPORT_FIELDS = frozenset({"federated", "local_only", "n_train", "n_test", "version", "labelled"})
 
 
+#: Scores a report may carry only within a range (fractions; NPMI's and C_V's bounds): a
+#: macro-F1 of 1e12 once made the results table's mean row 3.3e11.
+SCORE_RANGES = {**dict.fromkeys(("accuracy", "macro_f1", "acc", "nmi", "diversity",
+                                 "c_v"), (0.0, 1.0)),
+                **dict.fromkeys(("npmi_doc", "c_npmi"), (-1.0, 1.0))}
+
+
 def check_report(report: dict[str, Any]) -> None:
-    """Check a final report: known fields only, scores maps (or null) and sizes."""
+    """Check a final report: known fields only, scores maps (or null), each score of
+    :data:`SCORE_RANGES` within its range, and sizes."""
     unknown = sorted(str(k)[:40] for k in report if k not in REPORT_FIELDS)
     if unknown:
         raise ProtocolError(f"report: unknown field(s) {unknown}", code=errors.BAD_FIELD)
@@ -142,6 +151,11 @@ def check_report(report: dict[str, Any]) -> None:
     for key in ("federated", "local_only"):
         if report.get(key) is not None:
             check_metrics(report[key], f"report.{key}")
+            for name, value in report[key].items():
+                low, high = SCORE_RANGES.get(name, (-math.inf, math.inf))
+                if not low <= value <= high:
+                    raise ProtocolError(f"report.{key}: {name} {value:.6g} is outside "
+                                        f"[{low:g}, {high:g}]", code=errors.BAD_FIELD)
     for key in ("n_train", "n_test", "version"):
         v = report.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
