@@ -166,6 +166,7 @@ class Master:
         self._last_refusal = ""  # the last update refused in a round: why nothing trained
         self.excluded: dict[str, str] = {}  # worker -> why it takes no further part
         self._silent: Counter = Counter()  # rounds in a row a live participant sent nothing
+        self._secure_rejoins: Counter = Counter()  # same-process restarts of secure rounds
         self._abstained: Counter = Counter()  # abstentions not yet forgiven
         self._steps_since_forgiven: Counter = Counter()  # toward forgiving the next one
         self._reports_taken: Counter = Counter()  # final reports kept, by worker
@@ -503,6 +504,18 @@ class Master:
         self.workers[wid].process = process
         if (rejoin and self.secure is not None and wid in self.secure.points
                 and self.secure.stage not in (SECURE_DONE, SECURE_FAILED)):
+            if known is not None and known.process == process:
+                # Its secrets are still in the same process: each restart it asks for only
+                # delays the round (held twice a round, 80 s a round at a 10 s deadline, and
+                # never counted). A few in a job are strikes; honest ones are rare.
+                self._secure_rejoins[wid] += 1
+                if self._secure_rejoins[wid] >= C.ABSTAIN_LIMIT:
+                    why = (f"registered again from the same process in secure rounds "
+                           f"{self._secure_rejoins[wid]} times (ABSTAIN_LIMIT), each "
+                           f"restarting the round")
+                    self._exclude(wid, why)
+                    raise ProtocolError(f"{wid} is excluded from this job: {why}",
+                                        code=errors.EXCLUDED)
             if self.secure.attempt >= C.SECAGG_MAX_ATTEMPTS:
                 # Each restart gives the round a new deadline: unbounded, one member's
                 # registrations would hold the round open for ever.
