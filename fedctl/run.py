@@ -299,11 +299,9 @@ def _keep_failed(staging: Path, final: Path, code: int, why: str | None = None,
                else f"{what} before the cluster started (no process logs)")
     (staging / C.FAILED_NOTE).write_text(f"exit code {code}: {why}\n")
     staging.rename(failed)
-    if quiet:
-        pass
-    elif started:
+    if not quiet and started:
         log.error("the run failed; its logs are in %s", failed / "logs")
-    else:
+    elif not quiet:
         log.error("the run failed before the cluster started: %s", failed)
     _moved_to(staging, failed, quiet)
     return failed
@@ -357,10 +355,9 @@ def _moved_to(staging: Path, failed: Path, quiet: bool = False) -> None:
                 return v
 
             atomic_write_bytes(config, yaml.safe_dump(moved(raw), sort_keys=False).encode())
-    ended = _summary_failure(failed)
-    diverged = _diverged(failed / "logs")
     if quiet:
         return
+    ended, diverged = _summary_failure(failed), _diverged(failed / "logs")
     if ended is not None:  # the job ran to its end: a resume would end the same way
         log.error("it ran to its end: %s; change the config and run it again", ended)
     elif diverged is not None:  # resumed, it would diverge again
