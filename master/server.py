@@ -667,10 +667,6 @@ class Master:
         ws = self._worker(msg)
         M.check_report(msg.body["report"])
         report = dict(msg.body["report"])
-        if isinstance(report.get("version"), int) and report["version"] > self.version:
-            raise ProtocolError(f"report.version: {report['version']}, a model this master "
-                                f"never made (its last is {self.version})",
-                                code=errors.BAD_FIELD)
         if report == ws.report:  # sent again (a retry whose reply was lost): kept already
             send(self.rep, M.ACK, {"round": self.round, "duplicate": True})
             return
