@@ -134,22 +134,26 @@ def started(run_dir: str | Path) -> float | None:
     return float(t) if isinstance(t, (int, float)) else None
 
 
-def wall_time(run_dir: str | Path) -> float | None:
-    """Seconds from the run's first event to its last (``metrics.jsonl``), if it has two."""
+def _events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl``'s events ([] without the file)."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    times = [e["time"] for e in read_metrics(path) if isinstance(e.get("time"), (int, float))]
+    return read_metrics(path) if path.is_file() else []
+
+
+def wall_time(run_dir: str | Path, events: list[dict[str, Any]] | None = None
+              ) -> float | None:
+    """Seconds from the run's first event to its last (``metrics.jsonl``, or ``events``
+    already read from it), if it has two."""
+    events = _events(run_dir) if events is None else events
+    times = [e["time"] for e in events if isinstance(e.get("time"), (int, float))]
     return max(times) - min(times) if len(times) > 1 else None
 
 
-def rounds_logged(run_dir: str | Path) -> int:
-    """The last round whose ``round`` event ``metrics.jsonl`` holds (0 for none): of a run
-    that stopped, those a resume does not run again."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    done = [e.get("round") for e in read_metrics(path) if e.get("event") == "round"]
+def rounds_logged(run_dir: str | Path, events: list[dict[str, Any]] | None = None) -> int:
+    """The last round whose ``round`` event ``metrics.jsonl`` (or ``events``) holds (0 for
+    none): of a run that stopped, those a resume does not run again."""
+    events = _events(run_dir) if events is None else events
+    done = [e.get("round") for e in events if e.get("event") == "round"]
     return max((r for r in done if isinstance(r, int)), default=0)
 
 
@@ -216,7 +220,9 @@ def run_state(folder: Path) -> dict[str, Any]:
     # A stopped master's events say nothing of how long it lived (one that waited twelve
     # minutes for its workers showed 1.8 s); a running one's wall is its time so far.
     start = started(folder)
-    wall = (wall_time(folder) if state in ("finished", "failed", "failed, resumable")
+    # Read once: an unfinished failed run needs both its wall time and its rounds.
+    events = _events(folder) if state != "running" else []
+    wall = (wall_time(folder, events) if state in ("finished", "failed", "failed, resumable")
             else time.time() - start if state == "running" and start is not None
             else None)
     family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))
@@ -230,7 +236,7 @@ def run_state(folder: Path) -> dict[str, Any]:
         if summary is None and cfg is not None:
             # Unfinished: the rounds its log holds of those it was to run ("-" said nothing of
             # a run stopped at round 40 of 50).
-            rounds = f"{rounds_logged(folder)}/{cfg.rounds}"
+            rounds = f"{rounds_logged(folder, events or None)}/{cfg.rounds}"
     return {"path": folder, "family": family, "workers": workers,
             "rounds": rounds, "score": headline(summary),
             "wall_s": wall, "state": state, "started": start, "mtime": folder.stat().st_mtime}

@@ -49,10 +49,11 @@ def check_options(cls: type[Strategy], params: dict[str, Any]) -> None:
     number for a number), naming the option: the constructor's own TypeError named Python's
     internals (``FedAvg.__init__() got an unexpected keyword argument 'eta'``, ``'>' not
     supported between instances of 'str' and 'int'``)."""
-    options = {n: p for n, p in inspect.signature(cls.__init__).parameters.items()
-               if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()):
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return  # a plug-in taking anything: its own checks speak
+    options = {p.name: p for p in parameters
+               if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     for key, value in params.items():
         if key not in options:
             takes = ", ".join(sorted(options)) or "none"
