@@ -15,7 +15,7 @@ import os
 import secrets
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,12 @@ def _abstains(rnd: RoundState, worker_id: str) -> bool:
     ``abstain`` metric: a step of several rounds it holds no state of). Under secure
     aggregation this is how the master knows who; a plain upload shows it in its arrays too."""
     return bool(rnd.metrics.get(worker_id, {}).get("abstain"))
+
+
+def _log_dropped(worker_id: str, round_: int, dropped: Sequence[str]) -> None:
+    if dropped:  # one line per update taken: bounded by the rounds, as the updates are
+        log.warning("round %d: %s's update is taken without its metric(s) %s, out of range "
+                    "(MAX_METRIC)", round_, worker_id, ", ".join(dropped))
 
 
 def _same_arrays(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -635,14 +641,15 @@ class Master:
         if not 1 <= b["n_samples"] <= most:
             raise ProtocolError(f"update: n_samples must be 1-{most}, what {ws.worker_id}'s "
                                 f"registration allows", code=errors.BAD_FIELD)
-        M.check_metrics(b["metrics"], "update.metrics")
+        metrics, dropped = M.in_range_metrics(b["metrics"], "update.metrics")
         M.check_numeric(msg.arrays, "update")
         if self.secure is not None:
             # A masked input: nothing in it can be checked but its form (master/secagg.py).
             self._same_secure_round(b)
             self.secure.take_input(ws.worker_id, msg.arrays)
             rnd.results[ws.worker_id] = ClientResult(ws.worker_id, {}, b["n_samples"])
-            rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes}
+            rnd.metrics[ws.worker_id] = {**metrics, "bytes_out": nbytes}
+            _log_dropped(ws.worker_id, rnd.number, dropped)
             rnd.bytes_in += nbytes
             send(self.rep, M.ACK, {"round": rnd.number, "duplicate": False})
             return
@@ -658,8 +665,9 @@ class Master:
         rnd.distances[ws.worker_id] = (model, screening.distance(arrays, model))
         upload = (min(max(0.0, time.time() - b["sent_at"]), C.MAX_TIMING_S)
                   if isinstance(b.get("sent_at"), float) else None)
-        rnd.metrics[ws.worker_id] = {**b["metrics"], "bytes_out": nbytes,
+        rnd.metrics[ws.worker_id] = {**metrics, "bytes_out": nbytes,
                                      **({"upload_s": upload} if upload is not None else {})}
+        _log_dropped(ws.worker_id, rnd.number, dropped)
         rnd.bytes_in += nbytes
         send(self.rep, M.ACK, {"round": rnd.number, "duplicate": False})
 

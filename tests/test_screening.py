@@ -82,7 +82,7 @@ def test_rate_limiter_grants_a_burst_then_the_rate() -> None:
     ("register", {"worker_id": "w1", "n_samples": 1, "device": "cpu\nFORGED", "info": {}}),
     ("ping", {"worker_id": "w1\nFORGED"}),
     ("update", {"worker_id": "w1", "round": 1, "version": 0, "n_samples": 1,
-                "metrics": {"train_time": 1e308}}),
+                "metrics": {"train_time": True}}),
     ("update", {"worker_id": "w1", "round": 1, "version": 0, "n_samples": 1, "metrics": {},
                 "sent_at": math.nan}),
 ])
@@ -91,6 +91,14 @@ def test_requests_with_values_that_cannot_be_right_are_refused(kind: str, body: 
         M.check_request(kind, body)
         M.check_metrics(body.get("metrics", {}), "update.metrics")
     assert info.value.code == "bad_field"
+
+
+def test_an_updates_metrics_out_of_range_are_left_out_not_the_update() -> None:
+    kept, dropped = M.in_range_metrics(
+        {"loss": 1e13, "train_time": 1e308, "wait_s": -1.0, "f1": 0.5}, "update.metrics")
+    assert kept == {"f1": 0.5} and dropped == ["loss", "train_time", "wait_s"]
+    with pytest.raises(ProtocolError, match="out of range"):  # a report's are refused
+        M.check_metrics({"loss": 1e13}, "report.federated")
 
 
 def test_a_report_takes_only_known_fields() -> None:

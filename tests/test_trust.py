@@ -863,7 +863,9 @@ def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
     """A metric named ``self`` once clashed with the log writer's own argument: its thread died
     and the master waited for it for ever at the end. A text array once reached the
     screening's arithmetic and killed the master. Both are now harmless: the metric is logged,
-    the array refused as not numbers."""
+    the array refused as not numbers. A loss past MAX_METRIC (an honest one, on a model another
+    member blew up) once cost its worker its update, then its place: the number alone is left
+    out."""
     config = _config(make_config, tmp_path, rounds=2, min_workers=3)
     with _serving(config) as (master, thread, client):
         clients = {w: client(w) for w in ("w1", "w2", "w3")}
@@ -876,7 +878,8 @@ def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
             assert clients["w2"].code("update", {**up, "worker_id": "w2", "metrics": {}},
                                       {"abstain": np.array(["abc"])}) == "dtype"
             for w in clients:
-                metrics = {"self": 1.0, "train_time": 0.1} if w == "w1" else {}
+                metrics = {"w1": {"self": 1.0, "train_time": 0.1},
+                           "w3": {"loss": 10 * C.MAX_METRIC, "train_time": 0.2}}.get(w, {})
                 assert clients[w].code("update", {**up, "worker_id": w, "metrics": metrics},
                                        model) == "ack"
             wait_for(lambda r=rnd: master.open is None or master.open.number > r, 20,
@@ -891,6 +894,9 @@ def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [e["self"] for e in logged if e["event"] == "worker_round" and e["worker"] == "w1"
             ] == [1.0, 1.0]
+    w3 = [e for e in logged if e["event"] == "worker_round" and e["worker"] == "w3"]
+    assert [e["train_time"] for e in w3] == [0.2, 0.2] and not any("loss" in e for e in w3)
+    assert "w3" not in master.excluded
 
 
 def test_a_poisoned_scaffold_control_change_is_left_out(tmp_path: Path,

@@ -87,13 +87,38 @@ def metric_name_ok(name: Any) -> bool:
 
 
 def check_metrics(metrics: Any, where: str) -> dict[str, float]:
-    """Check a map of metric name -> finite number (an update's or a report's scores).
+    """Check a map of metric name -> finite number (an update's or a report's scores), each
+    within range (:func:`out_of_range`).
 
     Raises
     ------
     ProtocolError
         ``bad_field`` naming the first offending entry.
     """
+    check_metric_form(metrics, where)
+    for k, v in metrics.items():
+        if out_of_range(k, v):
+            raise ProtocolError(f"{where}: metric {k!r} = {v!r} is out of range",
+                                code=errors.BAD_FIELD)
+    return metrics
+
+
+def out_of_range(name: str, value: float) -> bool:
+    """A metric past ``MAX_METRIC`` in magnitude, or a duration outside [0, ``MAX_TIMING_S``]."""
+    return abs(value) > C.MAX_METRIC or (is_timing(name) and not 0 <= value <= C.MAX_TIMING_S)
+
+
+def in_range_metrics(metrics: Any, where: str) -> tuple[dict[str, float], list[str]]:
+    """An update's metrics (checked for form as :func:`check_metrics`) without those out of
+    range, and the names left out. An honest worker's loss passes ``MAX_METRIC`` on a model
+    another member blew up: its update is still taken, only the number is not kept."""
+    check_metric_form(metrics, where)
+    dropped = [k for k, v in metrics.items() if out_of_range(k, v)]
+    return {k: v for k, v in metrics.items() if k not in dropped}, dropped
+
+
+def check_metric_form(metrics: Any, where: str) -> None:
+    """Refuse what is not a map of at most ``MAX_METRICS`` names to finite numbers."""
     if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
         raise ProtocolError(f"{where}: expected a map of at most {MAX_METRICS} numbers",
                             code=errors.BAD_FIELD)
@@ -108,10 +133,6 @@ def check_metrics(metrics: Any, where: str) -> dict[str, float]:
                 float("inf"), float("-inf")):
             raise ProtocolError(f"{where}: metric {k!r} must be a finite number",
                                 code=errors.BAD_FIELD)
-        if abs(v) > C.MAX_METRIC or (is_timing(k) and not 0 <= v <= C.MAX_TIMING_S):
-            raise ProtocolError(f"{where}: metric {k!r} = {v!r} is out of range",
-                                code=errors.BAD_FIELD)
-    return metrics
 
 
 def is_timing(name: str) -> bool:
