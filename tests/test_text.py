@@ -53,6 +53,21 @@ def test_merge_ranks_by_frequency_times_holders() -> None:
         merge_vocabularies([w1], max_size=0)
 
 
+def test_words_one_worker_alone_holds_fill_at_most_its_part_while_others_compete() -> None:
+    loud = {f"made{i}": (10**6, 10) for i in range(6)}
+    w2 = {"apple": (5, 5), "banana": (3, 3)}
+    w3 = {"apple": (2, 2), "cherry": (1, 1)}
+    # 6 places, 3 workers: loud's own words take 2 while the others' compete; the sixth,
+    # which no other word takes, is loud's next; the list stays in rank order.
+    assert merge_vocabularies([loud, w2, w3], max_size=6) == [
+        "made0", "made1", "made2", "apple", "banana", "cherry"]
+    assert merge_vocabularies([loud, w2, w3], max_size=5) == [
+        "made0", "made1", "apple", "banana", "cherry"]
+    # Places no other word takes go to the capped worker's next best.
+    assert len(merge_vocabularies([loud, w2, w3], max_size=8)) == 8
+    assert merge_vocabularies([loud, {}], max_size=4) == ["made0", "made1", "made2", "made3"]
+
+
 def test_merge_of_shares_is_the_vocabulary_of_the_whole() -> None:
     texts = _texts()
     shares = [texts[0::3], texts[1::3], texts[2::3]]

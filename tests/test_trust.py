@@ -31,6 +31,7 @@ import zmq
 from common import constants as C
 from common.config import load_config
 from common.data.shards import local_data
+from common.data.text import vocabulary_info
 from common.net.security import keygen
 from common.net.wire import ProtocolError
 from master.server import Master
@@ -379,6 +380,34 @@ def test_vocabulary_counts_no_documents_could_give_are_refused(
         honest = {"vocabulary": {"train": [30, 20], "station": [12, 10]}, "n_docs": 100}
         assert h.code("register", {**reg, "info": honest}) == "welcome"
         assert thread.is_alive() and "w1" in master.workers
+
+
+def test_made_up_words_at_huge_counts_take_at_most_their_workers_places(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """2,000 made-up words, each in every one of w1's documents 10,000 times (counts
+    ``check_vocabulary_info`` allows), took every place of the agreed vocabulary: the honest
+    workers' documents had no word in it, their updates were refused, and the master ended
+    saying nothing. Words one worker alone holds now fill at most its part of the places."""
+    config = _config(make_config, tmp_path, min_workers=3,
+                     model={"family": "lda", "vocab_size": 300, "min_df": 2})
+    rows = [json.loads(line) for line in
+            Path("data/stackoverflow_subset/stackoverflow_subset.jsonl").open()]
+    texts = [r["text"] for r in rows]
+    n_docs = 500
+    made_up = {f"zzbogus{i}": [n_docs * 10_000, n_docs] for i in range(2000)}
+    infos = {"w1": {"vocabulary": made_up, "n_docs": n_docs},
+             "w2": vocabulary_info(texts[:n_docs]), "w3": vocabulary_info(texts[n_docs:])}
+    with _serving(config) as (master, thread, client):
+        for w, info in infos.items():
+            assert client(w).code("register", {"worker_id": w, "n_samples": info["n_docs"],
+                                               "device": "cpu", "info": info}) == "welcome"
+        wait_for(lambda: master.phase == "training", 20, "training to start")
+        vocabulary = master.family.setup_info_["vocabulary"]
+        assert thread.is_alive()
+    assert len(vocabulary) == 300
+    assert sum(w.startswith("zzbogus") for w in vocabulary) == 100  # ceil(300 / 3)
+    honest = vocabulary_info(texts)["vocabulary"]
+    assert sum(w in honest for w in vocabulary) == 200
 
 
 def test_one_request_of_many_frames_cannot_fill_the_masters_memory(

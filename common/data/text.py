@@ -12,6 +12,8 @@ underscores). A federated job agrees on one vocabulary before training:
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -91,7 +93,12 @@ def merge_vocabularies(vocabs: Sequence[Vocabulary], max_size: int | None = None
 
     so a word spread over many workers outranks one equally frequent but held by a single
     worker (whose topics would otherwise crowd the shared vocabulary); ties break
-    alphabetically.
+    alphabetically. With ``max_size`` set, the words only one worker holds fill at most
+    ``ceil(max_size / len(vocabs))`` places for that worker while others' words are left to
+    take them: counts are what each worker says, and one made-up set of words at huge counts
+    once took every place (the honest workers' documents then had no word in the
+    vocabulary). Places no other word takes still go to the best-ranked of a capped
+    worker's words, so a vocabulary the others cannot fill is not left short.
 
     Parameters
     ----------
@@ -118,7 +125,23 @@ def merge_vocabularies(vocabs: Sequence[Vocabulary], max_size: int | None = None
             holders[word] = holders.get(word, 0) + 1
     kept = [w for w in tf if df[w] >= min_df]
     kept.sort(key=lambda w: (-tf[w] * holders[w], w))
-    return kept if max_size is None else kept[:max_size]
+    if max_size is None or len(kept) <= max_size:
+        return kept
+    owner = {w: i for i, vocab in enumerate(vocabs) for w in vocab if holders[w] == 1}
+    places = math.ceil(max_size / len(vocabs))  # a worker's at most for words its own alone
+    taken: Counter[int] = Counter()
+    chosen, deferred = [], []
+    for rank, word in enumerate(kept):
+        if len(chosen) == max_size:
+            break
+        alone = owner.get(word)
+        if alone is not None and taken[alone] >= places:
+            deferred.append(rank)
+            continue
+        taken[alone] += 1
+        chosen.append(rank)
+    chosen += deferred[:max_size - len(chosen)]
+    return [kept[rank] for rank in sorted(chosen)]
 
 
 def bow_matrix(texts: Sequence[str], vocabulary: Sequence[str], dtype: type = np.float32
