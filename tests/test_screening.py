@@ -94,9 +94,15 @@ def test_requests_with_values_that_cannot_be_right_are_refused(kind: str, body: 
 
 
 def test_an_updates_metrics_out_of_range_are_left_out_not_the_update() -> None:
+    """An honest worker's loss on a model another member blew up passes MAX_METRIC, then
+    float32's range: refusing its update for it blamed, then excluded, the honest member."""
     kept, dropped = M.in_range_metrics(
-        {"loss": 1e13, "train_time": 1e308, "wait_s": -1.0, "f1": 0.5}, "update.metrics")
-    assert kept == {"f1": 0.5} and dropped == ["loss", "train_time", "wait_s"]
+        {"loss": 1e13, "train_time": 1e308, "wait_s": -1.0, "f1": 0.5, "train_loss": math.inf,
+         "nll": math.nan}, "update.metrics")
+    assert kept == {"f1": 0.5} and dropped == ["loss", "train_time", "wait_s", "train_loss",
+                                               "nll"]
+    with pytest.raises(ProtocolError, match="finite number"):  # not a number at all
+        M.in_range_metrics({"loss": "1"}, "update.metrics")
     with pytest.raises(ProtocolError, match="out of range"):  # a report's are refused
         M.check_metrics({"loss": 1e13}, "report.federated")
 

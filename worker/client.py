@@ -493,13 +493,14 @@ class Worker:
                    "fit_cpu_s": min(fit_cpu, C.MAX_TIMING_S)}
         loss = metrics.get("train_loss")
         if loss is not None and not math.isfinite(loss) and self.diverged_ is None:
-            # The master refuses the update (its loss is not a number): say why here, once.
+            # The master refuses updates that hold NaN or Inf, which follow: say why here, once.
             lr = self.cfg.family_params.get("lr")
             self.diverged_ = (f"training diverged (loss {loss} in round {rnd}): lower the "
                               f"learning rate"
                               + (f" (model.lr is {lr:g})" if isinstance(lr, (int, float))
                                  else ""))
-            log.error("round %d: %s; the master will refuse the updates", rnd, self.diverged_)
+            log.error("round %d: %s; the master refuses updates that hold NaN or Inf", rnd,
+                      self.diverged_)
         # Where the round really ran: a tensor made without device= trains on the CPU.
         self._trained += 1  # a worker sampled out of rounds 1, 11, 21... is checked too
         on_gpu = (devices.tensors_on_gpu(self.family) if devices.check_due(self._trained)

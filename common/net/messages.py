@@ -109,16 +109,18 @@ def out_of_range(name: str, value: float) -> bool:
 
 
 def in_range_metrics(metrics: Any, where: str) -> tuple[dict[str, float], list[str]]:
-    """An update's metrics (checked for form as :func:`check_metrics`) without those out of
-    range, and the names left out. An honest worker's loss passes ``MAX_METRIC`` on a model
-    another member blew up: its update is still taken, only the number is not kept."""
-    check_metric_form(metrics, where)
-    dropped = [k for k, v in metrics.items() if out_of_range(k, v)]
+    """An update's metrics (names and numbers checked as :func:`check_metrics`) without those
+    that are not finite or out of range, and the names left out. An honest worker's loss
+    passes ``MAX_METRIC``, then float32's range, on a model another member blew up: its update
+    is still taken (its arrays are checked apart), only the number is not kept."""
+    check_metric_form(metrics, where, finite=False)
+    dropped = [k for k, v in metrics.items() if not math.isfinite(v) or out_of_range(k, v)]
     return {k: v for k, v in metrics.items() if k not in dropped}, dropped
 
 
-def check_metric_form(metrics: Any, where: str) -> None:
-    """Refuse what is not a map of at most ``MAX_METRICS`` names to finite numbers."""
+def check_metric_form(metrics: Any, where: str, finite: bool = True) -> None:
+    """Refuse what is not a map of at most ``MAX_METRICS`` names to numbers, finite ones
+    where ``finite``."""
     if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
         raise ProtocolError(f"{where}: expected a map of at most {MAX_METRICS} numbers",
                             code=errors.BAD_FIELD)
@@ -129,8 +131,8 @@ def check_metric_form(metrics: Any, where: str) -> None:
                                 "rule)", code=errors.BAD_FIELD)
         if k in RESERVED_METRICS:
             raise ProtocolError(f"{where}: metric name {k!r} is reserved", code=errors.BAD_FIELD)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
-                float("inf"), float("-inf")):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+                finite and not math.isfinite(v)):
             raise ProtocolError(f"{where}: metric {k!r} must be a finite number",
                                 code=errors.BAD_FIELD)
 
