@@ -6,12 +6,14 @@ loopback) in both training modes.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 
 from common.aggregate import weighted_average
 from common.config import ConfigError, build_params, load_config, parse_config
@@ -73,6 +75,23 @@ def test_params_are_validated() -> None:
         build_params(NTMParams, {"dropout": 1.5}, "m")
     with pytest.raises(ConfigError, match="unknown field"):
         build_params(NTMParams, {"topics": 5}, "m")
+
+
+def test_a_blown_up_models_perplexity_is_inf_not_an_error() -> None:
+    """DP-FedAvg's noise (clip 1, sigma 0.5, three honest workers) or a hostile member's
+    update blew a ProdLDA model up: exp() of its bound overflowed, and every worker scoring
+    it stopped with OverflowError."""
+    corpus = make_federated_lda(n_nodes=1, vocab_size=60, n_topics=4, n_shared=4,
+                                docs_per_node=40, random_state=1)
+    model = NeuralTopicModel(n_topics=4, random_state=3).initialize(60)
+    with torch.no_grad():
+        model.net_.beta.mul_(1e4)  # the bound a word: ~2,300 nats, past exp()'s 709
+    assert model.perplexity(corpus.X[0]) == math.inf
+    # The final report leaves it out (the master refuses a report holding one, and the worker
+    # failed at its job's end).
+    from worker.client import _finite
+    assert _finite({"perplexity": math.inf, "c_v": 0.4, "npmi_doc": math.nan}, "federated"
+                   ) == {"c_v": 0.4}
 
 
 @pytest.mark.parametrize("contextual_size", [0, 8])

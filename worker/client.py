@@ -632,8 +632,10 @@ class Worker:
         final = self._request(M.FETCH, {})
         if not self.ready:
             self._setup(final.body["setup"])
-        federated = self.family.final_scores(*split_payload(final.body["meta"], final.arrays))
-        local_only = self.family.local_baseline() if self.cfg.baselines else None
+        federated = _finite(self.family.final_scores(
+            *split_payload(final.body["meta"], final.arrays)), "federated")
+        local_only = (_finite(self.family.local_baseline(), "local-only") if self.cfg.baselines
+                      else None)
         report = {"federated": federated, "local_only": local_only,
                   "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),
                   "version": int(final.body.get("version", 0)), "labelled": self.data.labelled}
@@ -650,6 +652,21 @@ class Worker:
 #: The score a worker's closing log line names, the first of these its family reports.
 HEADLINE_SCORES = {"macro_f1": "macro-F1", "accuracy": "accuracy", "perplexity": "perplexity",
                    "npmi_doc": "NPMI (doc)", "c_npmi": "C_NPMI", "clusters_used": "clusters used"}
+
+
+def _finite(scores: dict[str, Any] | None, which: str) -> dict[str, Any] | None:
+    """The scores without those that are not finite (a perplexity past float's range, on a
+    model blown up): the master refuses a report holding one, and the worker then failed at
+    the end of its job."""
+    if scores is None:
+        return None
+    broken = sorted(k for k, v in scores.items()
+                    if isinstance(v, float) and not math.isfinite(v))
+    if broken:
+        log.warning("the %s model's %s not finite: left out of the report", which,
+                    ", ".join(f"{k} ({scores[k]})" for k in broken)
+                    + (" is" if len(broken) == 1 else " are"))
+    return {k: v for k, v in scores.items() if k not in broken}
 
 
 def split_payload(meta: dict[str, Any], arrays: dict[str, Any]

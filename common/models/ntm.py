@@ -59,6 +59,8 @@ __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
            "simulate_sync", "simulate_union", "relative_change"]
 
 MODES = ("sync", "fedavg")
+#: Largest x whose exp(x) a float holds (log of sys.float_info.max).
+LOG_FLOAT_MAX = math.log(1.7976931348623157e308)
 #: Width of the all-MiniLM-L6-v2 sentence embedding CombinedTM concatenates to the BoW.
 CONTEXT_SIZE = 384
 
@@ -663,7 +665,11 @@ class NeuralTopicModel:
                 b2 = b[keep]
                 total += float(self.net_.loss(b2, None if c is None else c[keep], None).sum())
                 words += float(b2.sum())
-        return math.exp(total / words) if words else math.nan
+        if not words:
+            return math.nan
+        # Past float's range (a model blown up): inf, not an OverflowError that ended every
+        # worker scoring it.
+        return math.exp(total / words) if total / words < LOG_FLOAT_MAX else math.inf
 
     def get_topic_word_matrix(self) -> np.ndarray:
         """beta, shape (n_topics, n_words): the decoder's unnormalized topic-word weights."""
