@@ -182,6 +182,9 @@ NORM_OUTLIER_FACTOR = 20.0
 #: An aggregate whose norm grows more than this many times over the model it replaces is not
 #: published: the round is redone without the update furthest out.
 NORM_GROWTH_LIMIT = 100.0
+#: ... nor more than that many times over the smallest of this many models last published
+#: (rounds): growth just under the limit each round compounds.
+NORM_GROWTH_WINDOW = 10
 #: Largest magnitude of any value the master publishes: workers compute in float32 and square
 #: what they are sent (variances, norms, distances to centres), so a value past the square root
 #: of float32's largest would overflow there, however finite it is in the master's float64.

@@ -197,6 +197,7 @@ class Master:
         self._absent: set[str] = set()  # warned of once, until they report again
         self._round_lines = RoundLines()  # a line a round, paced (millisecond rounds)
         self._missing_said: set[str] = set()  # the missing workers the last round line had
+        self._growth = screening.GrowthWindow()  # the published models' recent norms
         self._refused_sums: list[str] = []  # why the secure sums since the last applied were not
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
@@ -1128,13 +1129,14 @@ class Master:
             before, back = self.family.global_, self.family.savepoint()
             try:
                 after = self.family.aggregate(rnd.number, results).arrays
-                problem = screening.aggregate_problem(before.arrays, after)
+                problem = self._growth.problem(before.arrays, after)
                 if problem is None and extra:  # state built from the members' own arrays
                     problem = screening.state_problem(self.family.strategy.state())
             except Exception as exc:  # the family's arithmetic failed on these updates
                 log.debug("aggregation failed", exc_info=True)
                 problem = f"aggregation failed ({type(exc).__name__}: {exc})"
             if problem is None:
+                self._growth.published()
                 return True
             back()  # undone: the published model, the strategy's moments, the family's own
             worst = max(rnd.results, key=lambda w: (dist[w] + extra.get(w, 0.0), w))
@@ -1192,7 +1194,7 @@ class Master:
                                   abstained=tuple(w for w in survivors if _abstains(rnd, w)))
             copies = len(survivors) if self.family.strategy.sums_updates else 1
             after = self.family.aggregate(rnd.number, [result] * copies).arrays
-            problem = screening.aggregate_problem(before.arrays, after)
+            problem = self._growth.problem(before.arrays, after)
         except Exception as exc:
             log.debug("secure aggregation failed", exc_info=True)
             problem = f"aggregation failed ({type(exc).__name__}: {exc})"
@@ -1203,6 +1205,7 @@ class Master:
             self._refused_sums.append(problem)
             return False
         self._refused_sums.clear()
+        self._growth.published()
         self.metrics.write("secagg", round=rnd.number, survivors=survivors,
                            dropped=sorted(set(sa.u2) - set(survivors)),
                            threshold=sa.threshold, error_bound=sa.error_bound(),

@@ -57,6 +57,25 @@ def test_an_exploding_or_non_finite_aggregate_is_a_problem() -> None:
                                        {"t": np.full((3, 5), 1e6, np.float32)}) is None
 
 
+def test_growth_is_held_over_a_window_of_published_models() -> None:
+    window = screening.GrowthWindow(rounds=3)
+    model = {"w": np.ones(4)}
+    # Each under the limit against the model it replaces; the third is 2,500 x the first
+    # published (the model the job started from is not in the window: honest training moves
+    # furthest from it).
+    for factor in (50.0, 50.0, 50.0):
+        grown = {"w": model["w"] * factor}
+        problem = window.problem(model, grown)
+        if problem is None:
+            window.published()
+            model = grown
+    assert problem is not None and "smallest of the last" in problem
+    assert window.problem(model, {"w": model["w"] * 1.5}) is None  # honest growth passes
+    window.published()
+    # A model of another form starts the window again.
+    assert window.problem({"c": np.ones(2)}, {"c": np.full(2, 90.0)}) is None
+
+
 def test_weight_caps_hold_every_share_at_most_the_fraction() -> None:
     results = [ClientResult(w, {}, n) for w, n in (("w1", 2**40), ("w2", 100), ("w3", 300))]
     assert [r.n_samples for r in screening.cap_weights(results, None)] == [2**40, 100, 300]

@@ -415,7 +415,9 @@ def test_a_member_growing_the_model_round_after_round_gets_no_honest_one_exclude
     """nmf, two members: w1 sends the model with one value 90 times larger each round, under
     the growth limit every round. By round 10 the honest w2's loss on that model was past
     float32's range, its updates were refused for the loss alone, and it was excluded at round
-    12 (the job then failed for w1's sake). Its updates are now taken without the number."""
+    12 (the job then failed for w1's sake). Its updates are now taken without the number, and
+    the growth is held over a window of rounds (NORM_GROWTH_WINDOW), not only against the last
+    model: w1's updates are left out, and the model stays within reach of honest values."""
     config = _config(make_config, tmp_path, workers=2, rounds=14, min_workers=2,
                      round_deadline=20, model={"family": "nmf"})
     cfg = load_config(config)
@@ -444,9 +446,12 @@ def test_a_member_growing_the_model_round_after_round_gets_no_honest_one_exclude
         assert thread.is_alive()
         assert not errors and "w2" in reports, errors
         assert "w2" not in master.excluded and master.round == 14
+        largest = max(float(np.abs(a).max()) for a in master.family.global_.arrays.values())
     out = Path(yaml.safe_load(config.read_text())["output_dir"])
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(e["round"] for e in rounds if e["event"] == "round") == 14
+    assert {e["worker"] for e in rounds if e["event"] == "left_out"} == {"w1"}
+    assert largest < 1e4  # (past 1e12 by round 14, the window aside)
 
 
 def test_one_request_of_many_frames_cannot_fill_the_masters_memory(
