@@ -3,6 +3,8 @@ against sums worked out by hand."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -487,3 +489,25 @@ def test_mixing_makes_one_hostile_client_of_five_cost_nothing(name, params):
 def test_mixing_settings_are_checked_in_one_line(name, params, match):
     with pytest.raises(ValueError, match=match):
         make_strategy(name, **params)
+
+
+@pytest.mark.parametrize("name, options, few, enough", [
+    ("krum", {}, 2, 3), ("krum", {"num_malicious_clients": 1}, 4, 5),
+    ("fedmedian", {}, 2, 3), ("fedtrimmedavg", {}, 4, 5),
+    ("fedtrimmedavg", {"beta": 0.1}, 9, 10)])
+def test_a_robust_rule_says_when_its_updates_are_too_few_to_protect_anything(
+        name: str, options: dict, few: int, enough: int, tmp_path: Path) -> None:
+    """Krum of two (a tie, taken by the first worker), the median of two (their mean), a trim
+    that cuts nothing: a user who chose a robust rule is told, at `fedctl check` and the
+    master's start, that it protects nothing with so few workers a round."""
+    from common.config import parse_config
+    from master.families import make_server_family
+
+    def notes(n: int) -> list[str]:
+        raw = {"master": {"host": "127.0.0.1"}, "workers": [f"w{i}" for i in range(n)],
+               "model": {"family": "mlp"}, "strategy": {"name": name, **options},
+               "data": {"path": "data.jsonl"}}
+        return make_server_family(parse_config(raw, str(tmp_path / "c.yaml"))).notes
+    assert any(f"strategy {name} " in note and f"{few} update(s)" in note
+               for note in notes(few)), notes(few)
+    assert not any(name in note for note in notes(enough))

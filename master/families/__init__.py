@@ -79,7 +79,12 @@ def make_server_family(cfg: ClusterConfig) -> ServerFamily:
         raise ConfigError(f"{cfg.source}: strategy: {strategy.name} needs the workers to apply "
                           f"{', '.join(unmet)}, which {cls.name}'s workers do not (proximal_mu: "
                           f"mlp, nmf, prodlda / combinedtm in mode fedavg; scaffold: mlp)")
-    return cls(cfg, strategy)
+    family = cls(cfg, strategy)
+    if cfg.workers:
+        note = strategy.few_updates_note(max(1, round(cfg.client_fraction * len(cfg.workers))))
+        if note is not None:
+            family.notes.append(note)
+    return family
 
 
 __all__ = ["Payload", "ServerFamily", "SERVER_FAMILIES", "server_family_class",

@@ -58,6 +58,12 @@ class Strategy(ABC):
                   ) -> dict[str, np.ndarray]:
         """Return the new global parameters."""
 
+    def few_updates_note(self, n_updates: int) -> str | None:
+        """What this strategy cannot do with ``n_updates`` a round (a robust rule that, with
+        so few, protects nothing), said at ``fedctl check`` and the master's start; None by
+        default."""
+        return None
+
     def client_settings(self) -> dict[str, Any]:
         """What the workers must do for this strategy, sent in every round's ``meta`` (e.g.
         FedProx's ``proximal_mu``); none by default. A family whose workers cannot honour a

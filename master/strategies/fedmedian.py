@@ -34,6 +34,12 @@ class FedMedian(Strategy):
         self.num_malicious_clients = num_malicious_clients
         self.mixing = mixing
 
+    def few_updates_note(self, n_updates: int) -> str | None:
+        if n_updates > 2:
+            return None
+        return (f"strategy fedmedian with {n_updates} update(s) a round takes their mean: one "
+                f"hostile update moves it as far as it likes (3 or more are needed)")
+
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
         results = mixed_results(results, self.mixing, self.num_malicious_clients)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -38,6 +39,18 @@ class FedTrimmedAvg(Strategy):
         self.beta = beta
         self.num_malicious_clients = num_malicious_clients
         self.mixing = mixing
+
+    def few_updates_note(self, n_updates: int) -> str | None:
+        if int(self.beta * n_updates) > 0:
+            return None
+        least = None
+        if self.beta > 0:  # the fewest updates of which int(beta n) is one
+            least = math.ceil(1 / self.beta - 1e-9)
+            least += int(self.beta * least) < 1
+        return (f"strategy fedtrimmedavg cuts int(beta n) = 0 of {n_updates} update(s) a round "
+                f"from each end (beta {self.beta:g}): an unweighted FedAvg, which one hostile "
+                f"update moves as far as it likes"
+                + (f" (it cuts one from {least} updates)" if least else ""))
 
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:

@@ -43,6 +43,15 @@ class Krum(Strategy):
         self.mixing = mixing
         self.last_kept_: list[str] = []
 
+    def few_updates_note(self, n_updates: int) -> str | None:
+        f = self.num_malicious_clients
+        if n_updates > 2 * f + 2:
+            return None
+        return (f"strategy krum with {n_updates} update(s) a round cannot tell a hostile one "
+                f"from the others: its guarantee needs more than 2 f + 2 = {2 * f + 2} "
+                f"(num_malicious_clients {f}); scores that tie go to the worker first in "
+                f"worker order")
+
     def aggregate(self, current: Mapping[str, np.ndarray], results: Sequence[ClientResult]
                   ) -> dict[str, np.ndarray]:
         results = mixed_results(results, self.mixing, self.num_malicious_clients)
