@@ -1116,7 +1116,8 @@ class Master:
             # that moved on, a payload composed again)
             dist[w] = (taken[1] if taken is not None and _same_arrays(taken[0], base)
                        else screening.distance(r.arrays, base))
-        counted = {w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
+        counted = ({w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
+                   if self.family.distance_screened else {})
         for wid, why in screening.outliers(counted).items():
             self._leave_out(rnd, wid, why)
         # A strategy's own uploads (SCAFFOLD's control changes) build state the master keeps

@@ -30,7 +30,7 @@ import zmq
 
 from common import constants as C
 from common.config import load_config
-from common.data.shards import local_data
+from common.data.shards import local_data, worker_seed
 from common.data.text import vocabulary_info
 from common.net.security import keygen
 from common.net.wire import ProtocolError
@@ -568,6 +568,53 @@ def test_a_worker_that_stops_every_step_is_excluded_and_the_others_train(
     assert "w1" in summary["excluded"], summary
     assert summary["trained"]["steps"] >= steps, summary["trained"]
     assert set(summary["workers"]) >= {"w2", "w3"}, summary
+
+
+def test_a_heavy_member_in_sentencelda_gets_no_honest_ones_topics_left_out(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """sentencelda: w1 declares a billion documents (its words at counts they allow) and sends
+    its topics with a quarter of each on one word. The merge, weighed by its tokens, rewrote
+    w2's composed model; w2's own topics, far from it, were then left out as outliers every
+    round, so its composed model was never built again. iFTM's uploads are bounded by their
+    form; they are not screened by that distance."""
+    from worker.families.base import FitResult
+    from worker.families.lda import SentenceLDAClient
+
+    big = 10**9
+    fit, info = SentenceLDAClient.fit, SentenceLDAClient.registration_info
+
+    def heavy_info(self):
+        if not getattr(self, "hostile", False):
+            return info(self)
+        # Documents like w2's, trained alike: its topics are taken for w2's in the merge.
+        self.train_texts, self.seed = mimic.train_texts, worker_seed(cfg, "w2")
+        return {"vocabulary": {w: [big * 10_000, big] for w in info(self)["vocabulary"]},
+                "n_docs": big}
+
+    def heavy_fit(self, round_, meta, arrays):
+        result = fit(self, round_, meta, arrays)
+        if not getattr(self, "hostile", False):
+            return result
+        topics = 0.75 * np.asarray(result.arrays["topics"], dtype=np.float64)
+        topics[:, -1] += 0.25
+        topics /= topics.sum(axis=1, keepdims=True)
+        return FitResult({"topics": topics.astype(np.float32)}, big, result.metrics)
+
+    monkeypatch.setattr(SentenceLDAClient, "registration_info", heavy_info)
+    monkeypatch.setattr(SentenceLDAClient, "fit", heavy_fit)
+    monkeypatch.setattr(SentenceLDAClient, "n_samples",
+                        property(lambda self: big if getattr(self, "hostile", False)
+                                 else self.data.n_train))
+    config = _config(make_config, tmp_path, rounds=4, min_workers=3,
+                     model={"family": "sentencelda", "n_topics": 8, "sweeps": 10,
+                            "vocab_size": 1500}, data={"task": "multiclass"})
+    cfg = load_config(config)
+    mimic = local_data(cfg, "w2")
+    summary, errors = _run_beside_a_hostile_w1(procs, config, mark=True)
+    assert not errors, errors
+    assert summary["refused"] == {}, summary["refused"]
+    assert {"w2", "w3"} <= set(summary["workers"])
 
 
 @pytest.mark.slow

@@ -46,6 +46,10 @@ class ServerFamily(ABC):
 
     name: str = "family"
     per_worker: bool = False
+    #: Whether a round's updates are screened by their distance to the model each was built on
+    #: (``master.screening.outliers``). False for a family whose uploads are bounded by their
+    #: form and built on a model the others' uploads compose (iFTM).
+    distance_screened: bool = True
     #: The keys a registration's ``info`` may carry; any other is refused before it is stored.
     #: None (the default, for plug-ins that do not say) accepts any key.
     info_fields: frozenset[str] | None = None

@@ -47,6 +47,11 @@ class LDAServer(VocabularyServer):
     own_rule = "iFTM's merge composes the workers' topics"
     compression_refusal = "its uploads are topics of each party's own, not a change of the model"
     per_worker = True
+    # Each upload is a worker's own topics, rows of the simplex (check_update), built on the
+    # model the merge composed for it from the others' topics: one member's topics rewrote an
+    # honest member's composed model, whose own topics were then left out as far from it
+    # round after round, which kept it from ever being composed again.
+    distance_screened = False
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
