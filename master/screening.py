@@ -87,6 +87,10 @@ def largest_value(arrays: Mapping[str, np.ndarray]) -> float:
                default=0.0)
 
 
+#: Most array forms a GrowthWindow keeps a window for (a synchronized step has four).
+MAX_WINDOWS = 16
+
+
 def aggregate_problem(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
                       limit: float = C.NORM_GROWTH_LIMIT) -> str | None:
     """Why an aggregate must not be published, or None if it may. The growth bound applies
@@ -119,26 +123,32 @@ def _aggregate_check(before: Mapping[str, np.ndarray], after: Mapping[str, np.nd
     return None, new
 
 
+Form = tuple[tuple[str, tuple[int, ...]], ...]  # a payload's array names and shapes
+
+
 class GrowthWindow:
     """The growth bound over a window of rounds: an aggregate is held to ``NORM_GROWTH_LIMIT``
     times the model it replaces and times the smallest norm of the last
-    ``NORM_GROWTH_WINDOW`` models published. Against the last model alone, a member sending
-    it with one value 90 x larger each round compounded: by round 10 an honest member's loss
-    on it was past float32's range. Honest models grew at most 3.6 x over 20 rounds in every
-    example job. Started again when the published arrays change form, and by a resumed
-    master."""
+    ``NORM_GROWTH_WINDOW`` models of the same arrays published. Against the last model alone,
+    a member sending it with one value 90 x larger each round compounded: by round 10 an
+    honest member's loss on it was past float32's range. Honest models grew at most 3.6 x
+    over 20 rounds in every example job. This slows such growth to 100 x per window (a member
+    may still step just under it once a window); it does not bound it over a whole job. Each
+    form of published arrays has its own window (a synchronized step's phases alternate);
+    a resumed master starts them empty."""
 
     def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW) -> None:
-        self._norms: deque[float] = deque(maxlen=rounds)
-        self._form: tuple[tuple[str, tuple[int, ...]], ...] | None = None
-        self._checked: tuple[tuple[tuple[str, tuple[int, ...]], ...], float] | None = None
+        self.rounds = rounds
+        self._norms: dict[Form, deque[float]] = {}
+        self._checked: tuple[Form, float] | None = None
 
     def problem(self, before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]
                 ) -> str | None:
         """:func:`aggregate_problem` with the window's floor; :meth:`published` once the
         aggregate checked last is the model."""
-        form = tuple((n, np.shape(after[n])) for n in sorted(after))
-        floor = min(self._norms) if self._norms and form == self._form else None
+        form = tuple((n, tuple(np.shape(after[n]))) for n in sorted(after))
+        # (a model of norm 0, one zeroed, would otherwise switch the floor off)
+        floor = min((x for x in self._norms.get(form, ()) if x > 0), default=None)
         problem, new = _aggregate_check(before, after, C.NORM_GROWTH_LIMIT, floor)
         self._checked = (form, new)
         return problem
@@ -147,10 +157,9 @@ class GrowthWindow:
         if self._checked is None:
             return
         form, new = self._checked
-        if form != self._form:
-            self._norms.clear()
-            self._form = form
-        self._norms.append(new)
+        if form not in self._norms and len(self._norms) >= MAX_WINDOWS:
+            self._norms.clear()  # (a family whose forms never repeat keeps no history)
+        self._norms.setdefault(form, deque(maxlen=self.rounds)).append(new)
         self._checked = None
 
 

@@ -89,9 +89,12 @@ def test_a_blown_up_models_perplexity_is_inf_not_an_error() -> None:
     assert model.perplexity(corpus.X[0]) == math.inf
     # The final report leaves it out (the master refuses a report holding one, and the worker
     # failed at its job's end).
-    from worker.client import _finite
-    assert _finite({"perplexity": math.inf, "c_v": 0.4, "npmi_doc": math.nan}, "federated"
-                   ) == {"c_v": 0.4}
+    from worker.client import _reportable
+    assert _reportable({"perplexity": math.inf, "c_v": 0.4, "npmi_doc": math.nan},
+                       "federated") == {"c_v": 0.4}
+    # Finite but past MAX_METRIC (beta x 200: 2.7e20), or outside a score's range: refused too.
+    assert _reportable({"perplexity": 2.7e20, "c_v": 1.5, "diversity": 0.5}, "federated"
+                       ) == {"diversity": 0.5}
 
 
 @pytest.mark.parametrize("contextual_size", [0, 8])

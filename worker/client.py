@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import zmq
 
 from common import constants as C
+from common.aggregate import all_finite
 from common.config import ClusterConfig, ConfigError, job_terms, share_terms
 from common.constants import STRATEGY_ARRAY_PREFIX
 from common.data.embedding import resolve_device
@@ -492,8 +494,11 @@ class Worker:
                    "eval_time": eval_time, "wait_time": wait_time, "bytes_in": bytes_in,
                    "fit_cpu_s": min(fit_cpu, C.MAX_TIMING_S)}
         loss = metrics.get("train_loss")
-        if loss is not None and not math.isfinite(loss) and self.diverged_ is None:
-            # The master refuses updates that hold NaN or Inf, which follow: say why here, once.
+        if (loss is not None and not math.isfinite(loss) and self.diverged_ is None
+                and not all(all_finite(np.asarray(a)) for a in result.arrays.values())):
+            # The master refuses updates that hold NaN or Inf: say why here, once. (A loss
+            # alone past float32's range, on a model another member blew up, is not this
+            # worker's divergence: its update is taken without the number.)
             lr = self.cfg.family_params.get("lr")
             self.diverged_ = (f"training diverged (loss {loss} in round {rnd}): lower the "
                               f"learning rate"
@@ -632,9 +637,9 @@ class Worker:
         final = self._request(M.FETCH, {})
         if not self.ready:
             self._setup(final.body["setup"])
-        federated = _finite(self.family.final_scores(
+        federated = _reportable(self.family.final_scores(
             *split_payload(final.body["meta"], final.arrays)), "federated")
-        local_only = (_finite(self.family.local_baseline(), "local-only") if self.cfg.baselines
+        local_only = (_reportable(self.family.local_baseline(), "local-only") if self.cfg.baselines
                       else None)
         report = {"federated": federated, "local_only": local_only,
                   "n_train": self.data.n_train, "n_test": int(len(self.data.test_index)),
@@ -654,19 +659,24 @@ HEADLINE_SCORES = {"macro_f1": "macro-F1", "accuracy": "accuracy", "perplexity":
                    "npmi_doc": "NPMI (doc)", "c_npmi": "C_NPMI", "clusters_used": "clusters used"}
 
 
-def _finite(scores: dict[str, Any] | None, which: str) -> dict[str, Any] | None:
-    """The scores without those that are not finite (a perplexity past float's range, on a
-    model blown up): the master refuses a report holding one, and the worker then failed at
-    the end of its job."""
+def _reportable(scores: dict[str, Any] | None, which: str) -> dict[str, Any] | None:
+    """The scores without those the master would refuse in a report (not finite, past
+    ``MAX_METRIC``, outside their ``SCORE_RANGES``: a perplexity past float's range, on a
+    model blown up), which made the worker fail at the end of its job."""
     if scores is None:
         return None
-    broken = sorted(k for k, v in scores.items()
-                    if isinstance(v, float) and not math.isfinite(v))
-    if broken:
-        log.warning("the %s model's %s not finite: left out of the report", which,
-                    ", ".join(f"{k} ({scores[k]})" for k in broken)
-                    + (" is" if len(broken) == 1 else " are"))
-    return {k: v for k, v in scores.items() if k not in broken}
+
+    def refused(name: str, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False  # (not a score: the master says what is wrong with it)
+        low, high = M.SCORE_RANGES.get(name, (-math.inf, math.inf))
+        return not math.isfinite(value) or M.out_of_range(name, value) or not low <= value <= high
+    left = sorted(k for k, v in scores.items() if refused(k, v))
+    if left:
+        log.warning("the %s model's %s out of range: left out of the report", which,
+                    ", ".join(f"{k} ({scores[k]:.6g})" for k in left)
+                    + (" is" if len(left) == 1 else " are"))
+    return {k: v for k, v in scores.items() if k not in left}
 
 
 def split_payload(meta: dict[str, Any], arrays: dict[str, Any]

@@ -669,7 +669,8 @@ class NeuralTopicModel:
             return math.nan
         # Past float's range (a model blown up): inf, not an OverflowError that ended every
         # worker scoring it.
-        return math.exp(total / words) if total / words < LOG_FLOAT_MAX else math.inf
+        bound = total / words
+        return math.exp(bound) if not bound >= LOG_FLOAT_MAX else math.inf
 
     def get_topic_word_matrix(self) -> np.ndarray:
         """beta, shape (n_topics, n_words): the decoder's unnormalized topic-word weights."""
