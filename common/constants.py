@@ -105,6 +105,10 @@ JOIN_TIMEOUT = 120.0
 
 #: Default longest time a round waits for uploads before aggregating what arrived.
 ROUND_DEADLINE = 120.0
+#: With the other updates in, a round waits this long after the last refusal of an update
+#: from those still out before it closes without them (an honest worker whose update was
+#: refused sends no other this round).
+REFUSED_GRACE_S = 5.0
 
 #: Default longest time the master waits at the end for workers' final reports. It waits only
 #: for workers still alive (their heartbeats go on while they score and train their local-only

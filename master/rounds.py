@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from common import constants as C
 from master.strategies import ClientResult
 
 log = logging.getLogger("fedctl.master")
@@ -53,6 +54,7 @@ class RoundState:
     results: dict[str, ClientResult] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # participants whose update was refused
+    refused_at: float = 0.0  # when the last of them was refused (time.monotonic)
     left_out: set[str] = field(default_factory=set)  # updates taken, then screened out
     #: Each update's distance to the model it was built on (``master.screening.distance``),
     #: taken as it arrived, with that model: worked out while the others are still awaited
@@ -182,18 +184,23 @@ def may_close(rnd: RoundState, roster: Roster, min_workers: int, now: float) -> 
     """The close rule: every live participant has reported, or the deadline has passed, and in
     either case at least ``min(min_workers, participants)`` updates are in; or every
     participant had its update refused (none will send another: the round closes with
-    nothing); or the deadline has passed and every one still out alive was refused, or, where
-    the sample ignores liveness (DP-FedAvg), is down. Dead participants are dropped at once
-    rather than at the deadline."""
+    nothing); or enough are in and those still out alive were refused, the last
+    ``REFUSED_GRACE_S`` ago; or the deadline has passed and every one still out alive was
+    refused, or, where the sample ignores liveness (DP-FedAvg), is down. Dead participants
+    are dropped at once rather than at the deadline."""
     live = [w for w in rnd.waiting() if w in roster and roster.alive(w, now)]
     enough = len(rnd.results) >= min(min_workers, len(rnd.participants))
     if (not live and enough) or (now >= rnd.deadline and enough):
         return True
     if rnd.participants and not rnd.results and set(rnd.participants) <= rnd.refused:
         # Every participant's update was refused, and none will send another this round (a
-        # diverged model's non-finite loss made every round wait its whole deadline). With
-        # some updates in, the deadline still holds: each refused worker is excluded after
-        # ABSTAIN_LIMIT rounds, and the round's other senders are not cut short.
+        # diverged model's non-finite loss made every round wait its whole deadline).
+        return True
+    if (enough and live and set(live) <= rnd.refused
+            and now - rnd.refused_at >= C.REFUSED_GRACE_S):
+        # The others are in, and those still out had their updates refused: an honest worker
+        # sends no other (one diverged among healthy ones cost every round its deadline, 2
+        # minutes by default, until it was excluded); one still sending is waited for.
         return True
     if now >= rnd.deadline and live and set(live) <= rnd.refused:
         return True  # past the deadline, and those still out alive had their updates refused

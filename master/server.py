@@ -613,6 +613,7 @@ class Master:
             if exc.code in REFUSED_UPDATE and self.open is not None \
                     and ws.worker_id in self.open.participants:
                 self.open.refused.add(ws.worker_id)
+                self.open.refused_at = time.monotonic()
                 self._last_refusal = f"{ws.worker_id}'s: {exc}"
             raise
 

@@ -177,6 +177,22 @@ class Attack:
                      for (name, dt, shape), buf in zip(head["arrays"], parts[2:], strict=True)}
             up = {"worker_id": "w1", "round": rnd, "version": version, "n_samples": 100,
                   "metrics": {"train_time": 0.1}}
+            if rnd == 1:
+                # (pings around it: a key that stays silent past heartbeat_timeout is dead)
+                h.code("ping", {"worker_id": "w1"})
+                c["3 frames over the limit"] = _code(h.send_frames(
+                    frames("update", up) + [big.data, big.data, big.data], timeout=2))
+                h.code("ping", {"worker_id": "w1"})
+                c["fetch as w3"] = h.code("fetch", {"worker_id": "w3"})
+                c["ping as w2"] = h.code("ping", {"worker_id": "w2"})
+            if rnd == 2:
+                self.flood = h.flood(20, 500)
+                # The flood emptied w1's token bucket: the update waits for it to refill a
+                # little (a few per REQUEST_RATE), as a worker's retry would.
+                time.sleep(0.1)
+            # The refused attempts last, each at once after the other, then the poisoned update:
+            # with the honest updates in, a round closes REFUSED_GRACE_S after the last
+            # refusal of those still out.
             c[f"round {rnd}: update as w2"] = h.code("update", {**up, "worker_id": "w2"},
                                                      model)
             c[f"round {rnd}: n_samples 2^63"] = h.code("update", {**up, "n_samples": 2**63},
@@ -194,19 +210,6 @@ class Attack:
                 topk[name + "#val"] = np.zeros(a.size + 1, dtype=np.float32)
             c[f"round {rnd}: top-k of {size + len(model)} pairs"] = h.code(
                 "update", {**up, "compression": "topk"}, topk)
-            if rnd == 1:
-                # (pings around it: a key that stays silent past heartbeat_timeout is dead)
-                h.code("ping", {"worker_id": "w1"})
-                c["3 frames over the limit"] = _code(h.send_frames(
-                    frames("update", up) + [big.data, big.data, big.data], timeout=2))
-                h.code("ping", {"worker_id": "w1"})
-                c["fetch as w3"] = h.code("fetch", {"worker_id": "w3"})
-                c["ping as w2"] = h.code("ping", {"worker_id": "w2"})
-            if rnd == 2:
-                self.flood = h.flood(20, 500)
-                # The flood emptied w1's token bucket: the update waits for it to refill a
-                # little (a few per REQUEST_RATE), as a worker's retry would.
-                time.sleep(0.1)
             poison = ({n: np.full_like(a, np.finfo(np.float32).max) for n, a in model.items()}
                       if rnd == 2 else
                       {n: np.where(np.arange(a.size).reshape(a.shape) % 2, 1e30, -1e30
@@ -568,6 +571,34 @@ def test_a_worker_that_stops_every_step_is_excluded_and_the_others_train(
     assert "w1" in summary["excluded"], summary
     assert summary["trained"]["steps"] >= steps, summary["trained"]
     assert set(summary["workers"]) >= {"w2", "w3"}, summary
+
+
+def test_a_worker_whose_updates_are_refused_among_healthy_ones_costs_no_deadlines(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """w1's training diverges (NaN weights, refused) while w2 and w3 train: each round waited
+    its whole deadline for w1, which sends nothing else, until w1 was excluded
+    (ABSTAIN_LIMIT rounds: 3 minutes here, 6 at the default deadline)."""
+    from worker.families.base import FitResult
+    from worker.families.mlp import MLPClient
+
+    fit = MLPClient.fit
+
+    def diverging_fit(self, round_, meta, arrays):
+        result = fit(self, round_, meta, arrays)
+        if not getattr(self, "hostile", False):
+            return result
+        return FitResult({k: np.full_like(v, np.nan) for k, v in result.arrays.items()},
+                         result.n_samples, {**result.metrics, "train_loss": math.nan})
+
+    monkeypatch.setattr(MLPClient, "fit", diverging_fit)
+    config = _config(make_config, tmp_path, rounds=4, min_workers=2, round_deadline=60)
+    started = time.monotonic()
+    summary, errors = _run_beside_a_hostile_w1(procs, config, mark=True)
+    took = time.monotonic() - started
+    assert len(errors) == 1 and "excluded" in str(errors[0]), errors
+    assert "w1" in summary["excluded"] and summary["trained"]["rounds"] == 4, summary
+    assert took < 60, took  # (each of w1's 3 rounds waited 60 s)
 
 
 def test_a_heavy_member_in_sentencelda_gets_no_honest_ones_topics_left_out(
