@@ -18,6 +18,7 @@ import signal
 import sys
 from itertools import pairwise
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -621,6 +622,14 @@ def _register_subcommands() -> None:
 
 _register_subcommands()
 
+def _exit_interrupted() -> NoReturn:
+    """Exit 130 after a Ctrl-C, another Ctrl-C ignored meanwhile: the interpreter's teardown
+    puts SIGINT's default action back, and one arriving then ended the command killed by the
+    signal instead (seen once in a few dozen runs interrupted in their first second)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(128 + signal.SIGINT)
+
+
 def entry() -> None:
     """The ``fedctl`` command (and ``python -m fedctl``, ``python -m fedctl.cli``): :func:`main`
     in a process of its own, which a command that succeeded may end without the
@@ -633,9 +642,11 @@ def entry() -> None:
         # Ctrl-C where a command does not say it itself: click printed "Aborted!" and exited
         # 1, which a script cannot tell from a failure.
         click.echo("Error: interrupted", err=True)
-        sys.exit(128 + signal.SIGINT)
+        _exit_interrupted()
     except click.ClickException as exc:  # as click's standalone mode shows it
         exc.show()
+        if exc.exit_code == 128 + signal.SIGINT:
+            _exit_interrupted()
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
