@@ -622,6 +622,7 @@ def _register_subcommands() -> None:
 
 _register_subcommands()
 
+
 def _exit_interrupted() -> NoReturn:
     """Exit 130 after a Ctrl-C, another Ctrl-C ignored meanwhile: the interpreter's teardown
     puts SIGINT's default action back, and one arriving then ended the command killed by the

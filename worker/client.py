@@ -666,12 +666,9 @@ def _reportable(scores: dict[str, Any] | None, which: str) -> dict[str, Any] | N
     if scores is None:
         return None
 
-    def refused(name: str, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False  # (not a score: the master says what is wrong with it)
-        low, high = M.SCORE_RANGES.get(name, (-math.inf, math.inf))
-        return not math.isfinite(value) or M.out_of_range(name, value) or not low <= value <= high
-    left = sorted(k for k, v in scores.items() if refused(k, v))
+    # (a value not a number is no score: the master says what is wrong with it)
+    left = sorted(k for k, v in scores.items() if isinstance(v, (int, float))
+                  and not isinstance(v, bool) and not M.reportable(k, v))
     if left:
         log.warning("the %s model's %s out of range: left out of the report", which,
                     ", ".join(f"{k} ({scores[k]:.6g})" for k in left)

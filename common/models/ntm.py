@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -59,8 +60,8 @@ __all__ = ["NTMParams", "NTMNet", "NeuralTopicModel", "MODES", "batch_schedule",
            "simulate_sync", "simulate_union", "relative_change"]
 
 MODES = ("sync", "fedavg")
-#: Largest x whose exp(x) a float holds (log of sys.float_info.max).
-LOG_FLOAT_MAX = math.log(1.7976931348623157e308)
+#: Largest x whose exp(x) a float holds.
+LOG_FLOAT_MAX = math.log(sys.float_info.max)
 #: Width of the all-MiniLM-L6-v2 sentence embedding CombinedTM concatenates to the BoW.
 CONTEXT_SIZE = 384
 

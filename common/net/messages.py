@@ -164,6 +164,13 @@ SCORE_RANGES = {**dict.fromkeys(("accuracy", "macro_f1", "acc", "nmi", "diversit
                 **dict.fromkeys(("npmi_doc", "c_npmi", "c_v"), (-1.0, 1.0))}
 
 
+def reportable(name: str, value: float) -> bool:
+    """Whether a report may carry this score: finite, within ``MAX_METRIC`` and, for those of
+    :data:`SCORE_RANGES`, within its range (what :func:`check_report` holds each to)."""
+    low, high = SCORE_RANGES.get(name, (-math.inf, math.inf))
+    return math.isfinite(value) and not out_of_range(name, value) and low <= value <= high
+
+
 def check_report(report: dict[str, Any]) -> None:
     """Check a final report: known fields only, scores maps (or null), each score of
     :data:`SCORE_RANGES` within its range, and sizes."""
@@ -176,8 +183,8 @@ def check_report(report: dict[str, Any]) -> None:
         if report.get(key) is not None:
             check_metrics(report[key], f"report.{key}")
             for name, value in report[key].items():
-                low, high = SCORE_RANGES.get(name, (-math.inf, math.inf))
-                if not low <= value <= high:
+                if not reportable(name, value):  # (finite and within MAX_METRIC already)
+                    low, high = SCORE_RANGES[name]
                     raise ProtocolError(f"report.{key}: {name} {value:.6g} is outside "
                                         f"[{low:g}, {high:g}]", code=errors.BAD_FIELD)
     for key in ("n_train", "n_test", "version"):
