@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -134,8 +135,9 @@ class GrowthWindow:
     honest member's loss on it was past float32's range. Honest models grew at most 3.6 x
     over 20 rounds in every example job. This slows such growth to 100 x per window (a member
     may still step just under it once a window); it does not bound it over a whole job. Each
-    form of published arrays has its own window (a synchronized step's phases alternate);
-    a resumed master starts them empty."""
+    form of published arrays has its own window (a synchronized step's phases alternate).
+    The windows are checkpointed (:meth:`state` / :meth:`restore`): a master resumed with
+    them empty let the same member step 100 x at once again."""
 
     def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW) -> None:
         self.rounds = rounds
@@ -160,6 +162,26 @@ class GrowthWindow:
         if form not in self._norms and len(self._norms) >= MAX_WINDOWS:
             self._norms.clear()  # (a family whose forms never repeat keeps no history)
         self._norms.setdefault(form, deque(maxlen=self.rounds)).append(new)
+        self._checked = None
+
+    def state(self) -> list[list[Any]]:
+        """The windows, JSON-able: ``[[[name, shape], ...], [norm, ...]]`` per form."""
+        return [[[[n, list(shape)] for n, shape in form], list(norms)]
+                for form, norms in self._norms.items()]
+
+    def restore(self, state: Sequence[Any]) -> None:
+        """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
+        norms: dict[Form, deque[float]] = {}
+        try:
+            for arrays, values in state:
+                form = tuple((str(n), tuple(int(d) for d in shape)) for n, shape in arrays)
+                kept = [float(x) for x in values][-self.rounds:]
+                if not all(math.isfinite(x) and x >= 0 for x in kept):
+                    raise ValueError("a norm is not a finite number >= 0")
+                norms[form] = deque(kept, maxlen=self.rounds)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the checkpoint's growth windows are malformed: {exc}") from None
+        self._norms = dict(list(norms.items())[-MAX_WINDOWS:])
         self._checked = None
 
 

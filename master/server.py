@@ -1288,6 +1288,7 @@ class Master:
             "misconduct": {"silent": dict(self._silent), "abstained": dict(self._abstained),
                            "steps_since_forgiven": dict(self._steps_since_forgiven)},
             "client_rate": self.privacy.client_rate_,
+            "growth": self._growth.state(),
             "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -1335,6 +1336,7 @@ class Master:
                           ("_steps_since_forgiven", "steps_since_forgiven")):
             setattr(self, attr, Counter({str(w): int(n) for w, n in
                                          (counts.get(key) or {}).items()}))
+        self._growth.restore(m.get("growth") or [])  # (older checkpoints: empty windows)
         now = time.monotonic()
         done = int(m["round"])
         # Rounds past the checkpoint that a master stopped before its next checkpoint logged

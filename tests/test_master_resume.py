@@ -275,3 +275,35 @@ def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["excluded"] == {"w9": "sent a poisoned update"}
     assert summary["refused"]["w9"]["bad_field"] == 3
+
+
+def test_resume_keeps_the_growth_windows(tmp_path: Path, make_config: MakeConfig) -> None:
+    """A master resumed with empty growth windows held the next aggregate to 100 x the model
+    it replaced alone: the member that had just stepped 99 x could step 99 x again."""
+    from common.atomic import atomic_write
+    from master.checkpoint import FILENAME, Checkpoint
+
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(load_config(first).output_dir)
+    ckpt = Checkpoint.load(out)
+    [(form, norms)] = ckpt.meta["growth"]  # the mlp's one form, its two published models
+    assert len(norms) == 2 and all(n > 0 for n in norms), norms
+    ckpt.meta["growth"] = [[form, [1e-3, *norms]]]  # as if a smaller model had been published
+    atomic_write(out / FILENAME, ckpt.write_to)
+
+    more = make_config(tmp_path, rounds=3, checkpoint_every=1, name="three.yaml")
+    master = Master(load_config(more), resume=True)
+    try:
+        assert master._growth.state() == [[form, [1e-3, *norms]]]
+        current = {k: np.asarray(v) for k, v in ckpt.global_arrays.items()}
+        # the same model again passes against itself, but not against the window's floor
+        assert master._growth.problem(current, current) is not None
+    finally:
+        master.close()
+    ckpt.meta["growth"] = [[form, ["NaN"]]]
+    atomic_write(out / FILENAME, ckpt.write_to)
+    with pytest.raises(RuntimeError, match="growth windows are malformed"):
+        Master(load_config(more), resume=True)

@@ -3,6 +3,7 @@ roster's reports and the metrics log's numbers."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -162,3 +163,22 @@ def test_the_metrics_log_writes_no_nan_or_infinity(tmp_path) -> None:
     assert "NaN" not in text and "Infinity" not in text
     assert read_metrics(tmp_path / "metrics.jsonl") == [
         {"event": "round", "loss": None, "scores": [1.0, None], "upload_s": 2.0}]
+
+
+def test_growth_windows_come_back_from_their_state() -> None:
+    window = screening.GrowthWindow(rounds=3)
+    model = {"w": np.ones(4)}
+    for factor in (50.0, 50.0):
+        grown = {"w": model["w"] * factor}
+        assert window.problem(model, grown) is None
+        window.published()
+        model = grown
+    state = json.loads(json.dumps(window.state()))  # as a checkpoint keeps it
+    again = screening.GrowthWindow(rounds=3)
+    again.restore(state)
+    step = {"w": model["w"] * 50}
+    assert again.problem(model, step) is not None  # 125,000 x the window's first
+    assert screening.GrowthWindow(rounds=3).problem(model, step) is None  # what an empty one let by
+    for bad in ([[[["w", [4]]], [float("inf")]]], [[["w"], [1.0]]], 5):
+        with pytest.raises(ValueError, match="growth windows are malformed"):
+            again.restore(bad)
