@@ -189,6 +189,11 @@ NORM_GROWTH_LIMIT = 100.0
 #: ... nor more than that many times over the smallest of this many models last published
 #: (rounds): growth just under the limit each round compounds.
 NORM_GROWTH_WINDOW = 10
+#: ... nor more than this many times over the smallest model of the same arrays published in
+#: the whole job: a member stepping just under the window's bound once a window compounded
+#: without end. Honest jobs grew at most 15 x over it (combinedtm, 100 rounds; mlp 3.6 x in
+#: 1,000), a margin of hundreds.
+NORM_JOB_GROWTH_LIMIT = 1e4
 #: Largest magnitude of any value the master publishes: workers compute in float32 and square
 #: what they are sent (variances, norms, distances to centres), so a value past the square root
 #: of float32's largest would overflow there, however finite it is in the master's float64.

@@ -9,7 +9,8 @@ Each check is a bound documented in :mod:`common.constants`:
   one is wrong: a hostile one that only nudges the model would get the honest one left out);
 * an aggregate that holds NaN or Inf, a value past ``PUBLISHED_VALUE_LIMIT`` (what a float32
   worker can square), or whose norm grows past ``NORM_GROWTH_LIMIT`` times the model it
-  replaces or the smallest of the last ``NORM_GROWTH_WINDOW`` published (:class:`GrowthWindow`),
+  replaces or the smallest of the last ``NORM_GROWTH_WINDOW`` published, or
+  ``NORM_JOB_GROWTH_LIMIT`` times the smallest published in the job (:class:`GrowthWindow`),
   is not published: it is undone and redone without the update furthest out;
 * with ``max_weight_fraction`` set, no worker's share of a weighted average exceeds it.
 
@@ -101,9 +102,11 @@ def aggregate_problem(before: Mapping[str, np.ndarray], after: Mapping[str, np.n
 
 
 def _aggregate_check(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
-                     limit: float, floor: float | None = None) -> tuple[str | None, float]:
-    """:func:`aggregate_problem`, growth also held to ``limit`` times ``floor`` (a smaller
-    norm of an earlier model of the same arrays) where given; and the aggregate's norm."""
+                     limit: float, floors: Sequence[tuple[float, float, str]] = ()
+                     ) -> tuple[str | None, float]:
+    """:func:`aggregate_problem`, growth also held to each ``(limit, floor, what)`` of
+    ``floors`` (a smaller norm of an earlier model of the same arrays, and what it is); and
+    the aggregate's norm."""
     new = norm(after)
     if not math.isfinite(new):
         return "the aggregate holds NaN or Inf", new
@@ -117,10 +120,10 @@ def _aggregate_check(before: Mapping[str, np.ndarray], after: Mapping[str, np.nd
     if old > 0 and new > limit * old:
         return (f"the aggregate's norm {new:.3g} is over {limit:g} times the model's "
                 f"{old:.3g}"), new
-    if same and floor is not None and 0 < floor < old and new > limit * floor:
-        return (f"the aggregate's norm {new:.3g} is over {limit:g} times {floor:.3g}, the "
-                f"smallest of the last {C.NORM_GROWTH_WINDOW} published models' "
-                f"(NORM_GROWTH_WINDOW)"), new
+    for most, floor, what in floors if same else ():
+        if 0 < floor < old and new > most * floor:
+            return (f"the aggregate's norm {new:.3g} is over {most:g} times {floor:.3g}, "
+                    f"{what}"), new
     return None, new
 
 
@@ -128,30 +131,37 @@ Form = tuple[tuple[str, tuple[int, ...]], ...]  # a payload's array names and sh
 
 
 class GrowthWindow:
-    """The growth bound over a window of rounds: an aggregate is held to ``NORM_GROWTH_LIMIT``
-    times the model it replaces and times the smallest norm of the last
-    ``NORM_GROWTH_WINDOW`` models of the same arrays published. Against the last model alone,
-    a member sending it with one value 90 x larger each round compounded: by round 10 an
-    honest member's loss on it was past float32's range. Honest models grew at most 3.6 x
-    over 20 rounds in every example job. This slows such growth to 100 x per window (a member
-    may still step just under it once a window); it does not bound it over a whole job. Each
-    form of published arrays has its own window (a synchronized step's phases alternate).
-    The windows are checkpointed (:meth:`state` / :meth:`restore`): a master resumed with
-    them empty let the same member step 100 x at once again."""
+    """The growth bound over rounds: an aggregate is held to ``NORM_GROWTH_LIMIT`` times the
+    model it replaces and times the smallest norm of the last ``NORM_GROWTH_WINDOW`` models of
+    the same arrays published, and to ``NORM_JOB_GROWTH_LIMIT`` times the smallest published
+    in the whole job. Against the last model alone, a member sending it with one value 90 x
+    larger each round compounded: by round 10 an honest member's loss on it was past
+    float32's range. The window slows such growth to 100 x a window; the job's bound ends it.
+    Honest models grew at most 15 x over their smallest (combinedtm in 100 rounds). Each form
+    of published arrays has its own record (a synchronized step's phases alternate). The
+    records are checkpointed (:meth:`state` / :meth:`restore`): a master resumed with them
+    empty let the same member step 100 x at once again."""
 
     def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW) -> None:
         self.rounds = rounds
-        self._norms: dict[Form, deque[float]] = {}
+        self._norms: dict[Form, deque[float]] = {}  # the window's, positive norms only
+        self._least: dict[Form, float] = {}  # the job's smallest positive norm
         self._checked: tuple[Form, float] | None = None
 
     def problem(self, before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]
                 ) -> str | None:
-        """:func:`aggregate_problem` with the window's floor; :meth:`published` once the
-        aggregate checked last is the model."""
+        """:func:`aggregate_problem` with the window's and the job's floors; call
+        :meth:`published` once the aggregate checked last is the model."""
         form = tuple((n, tuple(np.shape(after[n]))) for n in sorted(after))
-        # (a model of norm 0, one zeroed, would otherwise switch the floor off)
-        floor = min((x for x in self._norms.get(form, ()) if x > 0), default=None)
-        problem, new = _aggregate_check(before, after, C.NORM_GROWTH_LIMIT, floor)
+        floors = []
+        if self._norms.get(form):
+            floors.append((C.NORM_GROWTH_LIMIT, min(self._norms[form]),
+                           f"the smallest of the last {C.NORM_GROWTH_WINDOW} published "
+                           f"models' (NORM_GROWTH_WINDOW)"))
+        if form in self._least:
+            floors.append((C.NORM_JOB_GROWTH_LIMIT, self._least[form],
+                           "the smallest published in this job (NORM_JOB_GROWTH_LIMIT)"))
+        problem, new = _aggregate_check(before, after, C.NORM_GROWTH_LIMIT, floors)
         self._checked = (form, new)
         return problem
 
@@ -159,29 +169,37 @@ class GrowthWindow:
         if self._checked is None:
             return
         form, new = self._checked
+        self._checked = None
+        if new <= 0:  # (a model of norm 0, one zeroed, would otherwise switch the floors off)
+            return
         if form not in self._norms and len(self._norms) >= MAX_WINDOWS:
             self._norms.clear()  # (a family whose forms never repeat keeps no history)
+            self._least.clear()
         self._norms.setdefault(form, deque(maxlen=self.rounds)).append(new)
-        self._checked = None
+        self._least[form] = min(new, self._least.get(form, new))
 
     def state(self) -> list[list[Any]]:
-        """The windows, JSON-able: ``[[[name, shape], ...], [norm, ...]]`` per form."""
-        return [[[[n, list(shape)] for n, shape in form], list(norms)]
+        """The records, JSON-able: ``[[[name, shape], ...], [norm, ...], least]`` a form."""
+        return [[[[n, list(shape)] for n, shape in form], list(norms), self._least[form]]
                 for form, norms in self._norms.items()]
 
     def restore(self, state: Sequence[Any]) -> None:
         """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
         norms: dict[Form, deque[float]] = {}
+        least: dict[Form, float] = {}
         try:
-            for arrays, values in state:
+            for arrays, values, smallest in state:
                 form = tuple((str(n), tuple(int(d) for d in shape)) for n, shape in arrays)
                 kept = [float(x) for x in values][-self.rounds:]
-                if not all(math.isfinite(x) and x >= 0 for x in kept):
-                    raise ValueError("a norm is not a finite number >= 0")
+                if not kept or not all(math.isfinite(x) and x > 0
+                                       for x in (*kept, float(smallest))):
+                    raise ValueError("a norm is not a finite number > 0")
                 norms[form] = deque(kept, maxlen=self.rounds)
+                least[form] = min(float(smallest), *kept)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"the checkpoint's growth windows are malformed: {exc}") from None
         self._norms = dict(list(norms.items())[-MAX_WINDOWS:])
+        self._least = {form: least[form] for form in self._norms}
         self._checked = None
 
 

@@ -289,21 +289,21 @@ def test_resume_keeps_the_growth_windows(tmp_path: Path, make_config: MakeConfig
     assert not server.is_alive() and not errors, errors
     out = Path(load_config(first).output_dir)
     ckpt = Checkpoint.load(out)
-    [(form, norms)] = ckpt.meta["growth"]  # the mlp's one form, its two published models
-    assert len(norms) == 2 and all(n > 0 for n in norms), norms
-    ckpt.meta["growth"] = [[form, [1e-3, *norms]]]  # as if a smaller model had been published
+    [(form, norms, least)] = ckpt.meta["growth"]  # the mlp's one form, two models published
+    assert len(norms) == 2 and least == min(norms) > 0, (norms, least)
+    ckpt.meta["growth"] = [[form, [1e-3, *norms], 1e-3]]  # as if a smaller one had been
     atomic_write(out / FILENAME, ckpt.write_to)
 
     more = make_config(tmp_path, rounds=3, checkpoint_every=1, name="three.yaml")
     master = Master(load_config(more), resume=True)
     try:
-        assert master._growth.state() == [[form, [1e-3, *norms]]]
+        assert master._growth.state() == [[form, [1e-3, *norms], 1e-3]]
         current = {k: np.asarray(v) for k, v in ckpt.global_arrays.items()}
         # the same model again passes against itself, but not against the window's floor
         assert master._growth.problem(current, current) is not None
     finally:
         master.close()
-    ckpt.meta["growth"] = [[form, ["NaN"]]]
+    ckpt.meta["growth"] = [[form, ["NaN"], 1.0]]
     atomic_write(out / FILENAME, ckpt.write_to)
     with pytest.raises(RuntimeError, match="growth windows are malformed"):
         Master(load_config(more), resume=True)

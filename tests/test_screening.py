@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from common import constants as C
 from common.net import messages as M
 from common.net.wire import ProtocolError
 from master import screening
@@ -76,6 +77,26 @@ def test_growth_is_held_over_a_window_of_published_models() -> None:
     # A model of another form has its own window: 20 x its own is no growth past the limit,
     # whatever the floor of the first form's (100; 28,284 is past 100 x that).
     assert window.problem({"c": np.full(2, 1000.0)}, {"c": np.full(2, 20000.0)}) is None
+
+
+def test_growth_just_under_the_window_once_a_window_stops_at_the_jobs_bound() -> None:
+    """A member stepping 99 x once a window (and holding the model still between) compounded
+    without end under the window alone; the job's smallest published model bounds it."""
+    window = screening.GrowthWindow(rounds=3)
+    model = {"w": np.ones(4)}
+    assert window.problem(model, model) is None
+    window.published()
+    grew, refused = 1.0, None
+    for rnd in range(12):
+        factor = 99.0 if rnd % 3 == 0 else 1.0
+        step = {"w": model["w"] * factor}
+        refused = window.problem(model, step)
+        if refused is not None:
+            break
+        window.published()
+        model, grew = step, grew * factor
+    assert refused is not None and "NORM_JOB_GROWTH_LIMIT" in refused, refused
+    assert grew == 99.0**2 < C.NORM_JOB_GROWTH_LIMIT  # (a third 99 x step would pass it)
 
 
 def test_weight_caps_hold_every_share_at_most_the_fraction() -> None:
@@ -179,6 +200,7 @@ def test_growth_windows_come_back_from_their_state() -> None:
     step = {"w": model["w"] * 50}
     assert again.problem(model, step) is not None  # 125,000 x the window's first
     assert screening.GrowthWindow(rounds=3).problem(model, step) is None  # what an empty one let by
-    for bad in ([[[["w", [4]]], [float("inf")]]], [[["w"], [1.0]]], 5):
+    for bad in ([[[["w", [4]]], [float("inf")], 1.0]], [[[["w", [4]]], [1.0], 0.0]],
+                [[["w"], [1.0], 1.0]], [[[["w", [4]]], [1.0]]], 5):
         with pytest.raises(ValueError, match="growth windows are malformed"):
             again.restore(bad)
