@@ -426,23 +426,33 @@ class Master:
         except ProtocolError as exc:
             self._refuse(exc.code, str(exc), identity or worker_id)
         except Exception as exc:  # a bug must not take the master down with it
-            log.exception("error serving %s from %r", msg.kind, worker_id)
-            self._refuse(errors.REJECTED, f"{type(exc).__name__}: {exc}", identity or worker_id)
+            sender = identity or worker_id
+            # (the traceback once per sender: repeating the request repeated it, 580 bytes of
+            # log a request at the rate a sender is allowed)
+            seen = self.refused.get(self._counted_as(sender), {}).get(errors.REJECTED)
+            log.log(logging.DEBUG if seen else logging.ERROR,
+                    "error serving %s from %r", msg.kind, worker_id, exc_info=True)
+            self._refuse(errors.REJECTED, f"{type(exc).__name__}: {exc}", sender)
 
     def _refuse(self, code: str, message: str, sender: str) -> None:
         """Answer with an error; the first refusal of each kind per sender is logged, the rest
         counted (a flood must not flood the log too) and totalled in summary.json."""
         self.errors_served += 1
-        if sender not in self.refused and len(self.refused) >= C.MAX_REFUSED_SENDERS:
-            # Without CURVE a name costs nothing: 200,000 made-up ones grew this table (and
-            # the log, a line each) by 100 MB. Past the cap, they are counted together.
-            sender = OTHER_SENDERS
+        sender = self._counted_as(sender)
         self.refused[sender][code] += 1
         level = logging.WARNING if self.refused[sender][code] == 1 else logging.DEBUG
         log.log(level, "refused a request from %r: %s (%s)%s", sender, message, code,
                 "; further ones of this kind are counted, not logged"
                 if level == logging.WARNING else "")
         send_error(self.rep, code, message)
+
+    def _counted_as(self, sender: str) -> str:
+        """Whom ``sender``'s refusals are counted under. Without CURVE a name costs nothing:
+        200,000 made-up ones grew the table (and the log, a line each) by 100 MB. Past
+        MAX_REFUSED_SENDERS, new ones are counted together."""
+        if sender not in self.refused and len(self.refused) >= C.MAX_REFUSED_SENDERS:
+            return OTHER_SENDERS
+        return sender
 
     def _same_process(self, worker_id: str, process: Any) -> None:
         """Refuse a request from another process than the one registered under ``worker_id``

@@ -335,6 +335,9 @@ UPDATE_CASES: dict[str, tuple[Callable | None, dict[str, Any], str]] = {
     "wrong-version": (None, {"version": 5}, "stale_round"),
     "zero-samples": (None, {"n_samples": 0}, "bad_field"),
     "metrics-not-a-map": (None, {"metrics": [1, 2]}, "bad_field"),
+    # (a list nested 1,000 deep raised RecursionError in the handler, a traceback logged a
+    # request: 1 GB of log an hour at the rate one sender is allowed)
+    "compression-not-a-name": (None, {"compression": [[[["topk"]]]]}, "bad_field"),
 }
 
 

@@ -339,6 +339,8 @@ def test_check_request_missing_fields(kind):
         (M.UPDATE, "round", False),
         (M.UPDATE, "version", 1.5),
         (M.UPDATE, "metrics", "loss=1"),
+        (M.UPDATE, "compression", ["topk"]),
+        (M.UPDATE, "compression", "x" * 33),
         (M.REPORT, "report", [1]),
         (M.PING, "worker_id", 5),
         (M.FETCH, "worker_id", b"w1"),

@@ -228,6 +228,11 @@ def check_request(kind: str, body: dict[str, Any]) -> None:
     if kind == REGISTER and not (0 < len(body["device"]) <= 64 and body["device"].isprintable()):
         raise ProtocolError(f"{kind}: device must be 1-64 printable characters",
                             code=errors.BAD_FIELD)
+    compression = body.get("compression")
+    if kind == UPDATE and compression is not None and not (
+            isinstance(compression, str) and 0 < len(compression) <= 32):
+        raise ProtocolError(f"{kind}: compression must be the name of one",
+                            code=errors.BAD_FIELD)
     sent_at = body.get("sent_at")
     if sent_at is not None and (not isinstance(sent_at, float) or not 0 <= sent_at < 1e11):
         raise ProtocolError(f"{kind}: sent_at must be a time in seconds", code=errors.BAD_FIELD)
