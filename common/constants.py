@@ -199,14 +199,18 @@ NORM_JOB_GROWTH_LIMIT = 1e4
 #: of float32's largest would overflow there, however finite it is in the master's float64.
 PUBLISHED_VALUE_LIMIT = 1.8e19
 
-#: A participant that stays silent (alive, but no upload) in this many rounds in a row, or that
-#: abstains this many times from a multi-round step, is excluded from the rest of the job.
+#: A participant that stays silent (alive, but no upload) in this many rounds not forgiven, or
+#: that abstains this many times from a multi-round step, is excluded from the rest of the job.
 ABSTAIN_LIMIT = 3
 #: Steps a member completes for one of its abstentions to be forgiven. Forgiving them all at
 #: each completed step let a member that abstained twice a step, then took part, never reach
 #: ABSTAIN_LIMIT while each of its steps was redone twice: the job's round budget ran out at
 #: a third of its steps. An honest member's rare abstention (a restart mid-step) is forgiven.
 ABSTAIN_FORGIVEN_AFTER_STEPS = 5
+#: Rounds a participant answers for one of its silent rounds to be forgiven. Forgiving them all
+#: at its next answer let a member silent two rounds in three cost every such round its
+#: deadline for the whole job; a member silent one round in four is never excluded.
+SILENCE_FORGIVEN_AFTER_ROUNDS = 3
 
 #: Senders whose refused requests the master counts (and logs, once each) by name; the rest
 #: are counted together: without CURVE a flood can make up a new name for every request.

@@ -172,7 +172,8 @@ class Master:
         self.refused: dict[str, Counter] = defaultdict(Counter)  # worker -> code -> count
         self._last_refusal = ""  # the last update refused in a round: why nothing trained
         self.excluded: dict[str, str] = {}  # worker -> why it takes no further part
-        self._silent: Counter = Counter()  # rounds in a row a live participant sent nothing
+        self._silent: Counter = Counter()  # rounds a live participant sent nothing, not forgiven
+        self._rounds_since_forgiven: Counter = Counter()  # toward forgiving the next one
         self._secure_rejoins: Counter = Counter()  # same-process restarts of secure rounds
         self._abstained: Counter = Counter()  # abstentions not yet forgiven
         self._steps_since_forgiven: Counter = Counter()  # toward forgiving the next one
@@ -1037,8 +1038,8 @@ class Master:
                 for wid in withheld:
                     self._silent[wid] += 1
                     if self._silent[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:
-                        self._exclude(wid, f"revealed no shares {self._silent[wid]} times in a "
-                                           f"row (ABSTAIN_LIMIT)")
+                        self._exclude(wid, f"revealed no shares {self._silent[wid]} times, not "
+                                           f"forgiven (ABSTAIN_LIMIT)")
                 return self._restart_secure(str(sa.failure))
         elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
             return
@@ -1249,8 +1250,11 @@ class Master:
         for wid in rnd.participants:
             if wid in silent:
                 self._silent[wid] += 1
-            else:
-                self._silent.pop(wid, None)
+            elif self._silent[wid] > 0:
+                self._rounds_since_forgiven[wid] += 1
+                if self._rounds_since_forgiven[wid] >= C.SILENCE_FORGIVEN_AFTER_ROUNDS:
+                    self._rounds_since_forgiven[wid] = 0
+                    self._silent[wid] -= 1
         for wid, r in rnd.results.items():
             # (a round of a step one of whose members was excluded: the rest, or workers drawn
             # anew, may hold nothing of it, and abstain for no fault of theirs)
@@ -1260,8 +1264,8 @@ class Master:
             if wid in self.excluded:
                 continue
             if self._silent[wid] >= C.ABSTAIN_LIMIT:
-                self._exclude(wid, f"sent nothing usable {self._silent[wid]} times in a row "
-                                   f"(ABSTAIN_LIMIT)")
+                self._exclude(wid, f"sent nothing usable in {self._silent[wid]} rounds, not "
+                                   f"forgiven by rounds answered (ABSTAIN_LIMIT)")
             elif self._abstained[wid] >= C.ABSTAIN_LIMIT:
                 self._exclude(wid, f"abstained {self._abstained[wid]} times, not forgiven by "
                                    f"steps completed (ABSTAIN_LIMIT)")
@@ -1296,7 +1300,8 @@ class Master:
             # The counts that exclude a member (ABSTAIN_LIMIT): a resumed master that began
             # them at zero gave a member silent or abstaining up to its limit a new allowance.
             "misconduct": {"silent": dict(self._silent), "abstained": dict(self._abstained),
-                           "steps_since_forgiven": dict(self._steps_since_forgiven)},
+                           "steps_since_forgiven": dict(self._steps_since_forgiven),
+                           "rounds_since_forgiven": dict(self._rounds_since_forgiven)},
             "client_rate": self.privacy.client_rate_,
             "growth": self._growth.state(),
             "resume_base": self.family.resume_base(self.round + 1)})
@@ -1343,7 +1348,8 @@ class Master:
         self.errors_served = int(m.get("errors_served", 0))
         counts = m.get("misconduct") or {}  # (checkpoints before they were kept: none)
         for attr, key in (("_silent", "silent"), ("_abstained", "abstained"),
-                          ("_steps_since_forgiven", "steps_since_forgiven")):
+                          ("_steps_since_forgiven", "steps_since_forgiven"),
+                          ("_rounds_since_forgiven", "rounds_since_forgiven")):
             setattr(self, attr, Counter({str(w): int(n) for w, n in
                                          (counts.get(key) or {}).items()}))
         self._growth.restore(m.get("growth") or [])  # (older checkpoints: empty windows)

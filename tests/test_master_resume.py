@@ -257,10 +257,11 @@ def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
     ckpt.meta["excluded"] = {"w9": "sent a poisoned update"}  # as a run would have
     ckpt.meta["refused"] = {"w9": {"bad_field": 3}}
     assert ckpt.meta["misconduct"] == {"silent": {}, "abstained": {},
-                                       "steps_since_forgiven": {}}
+                                       "steps_since_forgiven": {}, "rounds_since_forgiven": {}}
     # A count toward ABSTAIN_LIMIT began at zero again after a resume: a new allowance.
     ckpt.meta["misconduct"] = {"silent": {"w9": 2}, "abstained": {"w9": 1},
-                               "steps_since_forgiven": {"w9": 3}}
+                               "steps_since_forgiven": {"w9": 3},
+                               "rounds_since_forgiven": {"w9": 2}}
     atomic_write(out / FILENAME, ckpt.write_to)
 
     more = make_config(tmp_path, rounds=3, checkpoint_every=1, name="three.yaml")
@@ -268,8 +269,8 @@ def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
     back = _request(load_config(more).master.rep_endpoint, "register",
                     {"worker_id": "w9", "n_samples": 5, "device": "cpu", "info": {}})
     assert (back.kind, back.body["code"]) == ("error", "excluded")
-    assert (master._silent["w9"], master._abstained["w9"],
-            master._steps_since_forgiven["w9"]) == (2, 1, 3)
+    assert (master._silent["w9"], master._abstained["w9"], master._steps_since_forgiven["w9"],
+            master._rounds_since_forgiven["w9"]) == (2, 1, 3, 2)
     server.join(timeout=120)
     assert not server.is_alive() and not errors, errors
     summary = json.loads((out / "summary.json").read_text())

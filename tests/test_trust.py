@@ -1009,6 +1009,35 @@ def _round_open(master: Master) -> tuple[int, int, dict[str, np.ndarray]]:
         n: np.array(a) for n, a in master.family.payload_for("w1").arrays.items()}
 
 
+def test_a_member_silent_two_rounds_in_three_is_excluded(tmp_path: Path,
+                                                         make_config: MakeConfig) -> None:
+    """w1, alive, answered every third round only: each answer forgave all its silence, and
+    every other round waited its whole deadline for it, the whole job long. A silent round is
+    now forgiven only after SILENCE_FORGIVEN_AFTER_ROUNDS answered."""
+    config = _config(make_config, tmp_path, rounds=8, min_workers=2, round_deadline=2,
+                     heartbeat_timeout=120)
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2", "w3")}
+        for w, h in clients.items():
+            assert h.code("register", {"worker_id": w, "n_samples": 100, "device": "cpu",
+                                       "info": HONEST_INFO}) == "welcome"
+        answered: list[int] = []
+        while len(answered) < 6:
+            rnd, version, model = _round_open(master)
+            up = {"round": rnd, "version": version, "n_samples": 100, "metrics": {}}
+            speakers = ["w2", "w3"] + (["w1"] if rnd % 3 == 0 and "w1" not in
+                                       master.excluded else [])
+            for w in speakers:
+                assert clients[w].code("update", {**up, "worker_id": w}, model) == "ack"
+            answered.append(rnd)
+            wait_for(lambda r=rnd: master.open is None or master.open.number > r, 20,
+                     "the round to close")
+        assert "w1" in master.excluded and "forgiven" in master.excluded["w1"], master.excluded
+        # silent in rounds 1, 2 (answered 3) and 4: excluded when round 4 closed
+        assert [r for r in answered if r <= 4] == [1, 2, 3, 4]
+        assert {"w2", "w3"}.isdisjoint(master.excluded)
+
+
 def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
         tmp_path: Path, make_config: MakeConfig) -> None:
     """A metric named ``self`` once clashed with the log writer's own argument: its thread died
