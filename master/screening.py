@@ -5,8 +5,9 @@ Each check is a bound documented in :mod:`common.constants`:
 
 * an update that holds NaN or Inf, or overflows, is left out of the round; in a round of three
   updates or more, so is one whose distance to the model it was built on is more than
-  ``NORM_OUTLIER_FACTOR`` times the round's lower median distance (with two, nothing says which
-  one is wrong: a hostile one that only nudges the model would get the honest one left out);
+  ``NORM_OUTLIER_FACTOR`` times the round's lower median distance; in a round of fewer (where
+  nothing says which one is wrong), one more than that many times the largest distance
+  aggregated in the last ``NORM_GROWTH_WINDOW`` rounds (:class:`DistanceHistory`);
 * an aggregate that holds NaN or Inf, a value past ``PUBLISHED_VALUE_LIMIT`` (what a float32
   worker can square), or whose norm grows past ``NORM_GROWTH_LIMIT`` times the model it
   replaces or the smallest of the last ``NORM_GROWTH_WINDOW`` published, or
@@ -152,7 +153,7 @@ class GrowthWindow:
                 ) -> str | None:
         """:func:`aggregate_problem` with the window's and the job's floors; call
         :meth:`published` once the aggregate checked last is the model."""
-        form = tuple((n, tuple(np.shape(after[n]))) for n in sorted(after))
+        form = form_of(after)
         floors = []
         if self._norms.get(form):
             floors.append((C.NORM_GROWTH_LIMIT, min(self._norms[form]),
@@ -189,7 +190,7 @@ class GrowthWindow:
         least: dict[Form, float] = {}
         try:
             for arrays, values, smallest in state:
-                form = tuple((str(n), tuple(int(d) for d in shape)) for n, shape in arrays)
+                form = form_of_listed(arrays)
                 kept = [float(x) for x in values][-self.rounds:]
                 if not kept or not all(math.isfinite(x) and x > 0
                                        for x in (*kept, float(smallest))):
@@ -201,6 +202,75 @@ class GrowthWindow:
         self._norms = dict(list(norms.items())[-MAX_WINDOWS:])
         self._least = {form: least[form] for form in self._norms}
         self._checked = None
+
+
+class DistanceHistory:
+    """The largest distance of the updates aggregated in each of the last
+    ``NORM_GROWTH_WINDOW`` rounds, per form of upload: the reference for a round of fewer
+    than three updates, where the round's own median says nothing of which one is wrong. An
+    update farther than ``NORM_OUTLIER_FACTOR`` times the largest of them is left out. Without
+    it, one member of two sent a FedAdam pseudo-gradient, or a synchronized step's gradient,
+    of 1e17 (finite, and squared within float64): the server optimizer's second moment held it
+    for thousands of rounds, and every later step went where that member chose. Checkpointed
+    with the growth records (:meth:`state` / :meth:`restore`)."""
+
+    def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW,
+                 factor: float = C.NORM_OUTLIER_FACTOR) -> None:
+        self.rounds, self.factor = rounds, factor
+        self._largest: dict[Form, deque[float]] = {}
+
+    def outliers(self, distances: Mapping[str, float], forms: Mapping[str, Form]
+                 ) -> dict[str, str]:
+        """:func:`outliers`, and with fewer than three updates, those past the history's."""
+        out = outliers(distances, self.factor)
+        if len(distances) >= 3:
+            return out
+        for w, d in distances.items():
+            past = self._largest.get(forms[w])
+            if w not in out and past and d > self.factor * max(past) and d > 1e-6:
+                out[w] = (f"its distance to the model, {d:.3g}, is over {self.factor:g} times "
+                          f"{max(past):.3g}, the largest aggregated in the last {len(past)} "
+                          f"round(s), with too few updates this round to compare")
+        return out
+
+    def aggregated(self, distances: Mapping[str, float], forms: Mapping[str, Form]) -> None:
+        """Keep the largest finite distance of each form among the updates just aggregated."""
+        largest: dict[Form, float] = {}
+        for w, d in distances.items():
+            if math.isfinite(d):
+                largest[forms[w]] = max(d, largest.get(forms[w], 0.0))
+        for form, d in largest.items():
+            if form not in self._largest and len(self._largest) >= MAX_WINDOWS:
+                self._largest.clear()  # (a family whose forms never repeat keeps no history)
+            self._largest.setdefault(form, deque(maxlen=self.rounds)).append(d)
+
+    def state(self) -> list[list[Any]]:
+        """The history, JSON-able: ``[[[name, shape], ...], [distance, ...]]`` a form."""
+        return [[[[n, list(shape)] for n, shape in form], list(values)]
+                for form, values in self._largest.items()]
+
+    def restore(self, state: Sequence[Any]) -> None:
+        """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
+        largest: dict[Form, deque[float]] = {}
+        try:
+            for arrays, values in state:
+                kept = [float(x) for x in values][-self.rounds:]
+                if not all(math.isfinite(x) and x >= 0 for x in kept):
+                    raise ValueError("a distance is not a finite number >= 0")
+                largest[form_of_listed(arrays)] = deque(kept, maxlen=self.rounds)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the checkpoint's update distances are malformed: {exc}") from None
+        self._largest = dict(list(largest.items())[-MAX_WINDOWS:])
+
+
+def form_of(arrays: Mapping[str, Any]) -> Form:
+    """The names and shapes of ``arrays``: what a window of norms or distances is kept for."""
+    return tuple((n, tuple(int(d) for d in np.shape(arrays[n]))) for n in sorted(arrays))
+
+
+def form_of_listed(arrays: Any) -> Form:
+    """The :data:`Form` a checkpoint listed as ``[[name, shape], ...]``."""
+    return tuple((str(n), tuple(int(d) for d in shape)) for n, shape in arrays)
 
 
 def state_problem(state: Mapping[str, np.ndarray]) -> str | None:

@@ -200,6 +200,7 @@ class Master:
         self._round_lines = RoundLines()  # a line a round, paced (millisecond rounds)
         self._missing_said: set[str] = set()  # the missing workers the last round line had
         self._growth = screening.GrowthWindow()  # the published models' recent norms
+        self._distances = screening.DistanceHistory()  # the aggregated updates' distances
         self._refused_sums: list[str] = []  # why the secure sums since the last applied were not
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
@@ -1131,7 +1132,8 @@ class Master:
                        else screening.distance(r.arrays, base))
         counted = ({w: d for w, d in dist.items() if not self.family.abstained(rnd.results[w])}
                    if self.family.distance_screened else {})
-        for wid, why in screening.outliers(counted).items():
+        forms = {w: screening.form_of(r.arrays) for w, r in rnd.results.items()}
+        for wid, why in self._distances.outliers(counted, forms).items():
             self._leave_out(rnd, wid, why)
         # A strategy's own uploads (SCAFFOLD's control changes) build state the master keeps
         # and sends on: screened the same way, by their norms.
@@ -1151,6 +1153,8 @@ class Master:
                 problem = f"aggregation failed ({type(exc).__name__}: {exc})"
             if problem is None:
                 self._growth.published()
+                self._distances.aggregated(
+                    {w: d for w, d in counted.items() if w in rnd.results}, forms)
                 return True
             back()  # undone: the published model, the strategy's moments, the family's own
             worst = max(rnd.results, key=lambda w: (dist[w] + extra.get(w, 0.0), w))
@@ -1303,7 +1307,7 @@ class Master:
                            "steps_since_forgiven": dict(self._steps_since_forgiven),
                            "rounds_since_forgiven": dict(self._rounds_since_forgiven)},
             "client_rate": self.privacy.client_rate_,
-            "growth": self._growth.state(),
+            "growth": self._growth.state(), "distances": self._distances.state(),
             "resume_base": self.family.resume_base(self.round + 1)})
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -1353,6 +1357,7 @@ class Master:
             setattr(self, attr, Counter({str(w): int(n) for w, n in
                                          (counts.get(key) or {}).items()}))
         self._growth.restore(m.get("growth") or [])  # (older checkpoints: empty windows)
+        self._distances.restore(m.get("distances") or [])
         now = time.monotonic()
         done = int(m["round"])
         # Rounds past the checkpoint that a master stopped before its next checkpoint logged

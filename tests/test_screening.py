@@ -204,3 +204,26 @@ def test_growth_windows_come_back_from_their_state() -> None:
                 [[["w"], [1.0], 1.0]], [[[["w", [4]]], [1.0]]], 5):
         with pytest.raises(ValueError, match="growth windows are malformed"):
             again.restore(bad)
+
+
+def test_with_fewer_than_three_updates_the_aggregated_rounds_are_the_reference() -> None:
+    history = screening.DistanceHistory(rounds=3)
+    form = screening.form_of({"w": np.zeros(4)})
+    forms = {"w1": form, "w2": form}
+    assert history.outliers({"w1": 1e17, "w2": 0.1}, forms) == {}  # nothing to compare yet
+    history.aggregated({"w1": 0.1, "w2": 0.3}, forms)
+    out = history.outliers({"w1": 1e17, "w2": 0.1}, forms)
+    assert list(out) == ["w1"] and "too few updates" in out["w1"], out
+    assert history.outliers({"w1": 5.9}, forms) == {}  # under 20 x 0.3: honest steps vary
+    # another form (a synchronized step's next phase) has a history of its own
+    other = screening.form_of({"g": np.zeros(2)})
+    assert history.outliers({"w1": 50.0}, {"w1": other}) == {}
+    # with three or more, the round's own median decides, as before
+    three = {"w1": 1e17, "w2": 0.1, "w3": 0.2}
+    assert list(history.outliers(three, {w: form for w in three})) == ["w1"]
+    state = json.loads(json.dumps(history.state()))
+    again = screening.DistanceHistory(rounds=3)
+    again.restore(state)
+    assert again.outliers({"w1": 7.0}, forms) != {}
+    with pytest.raises(ValueError, match="update distances are malformed"):
+        again.restore([[[["w", [4]]], [-1.0]]])

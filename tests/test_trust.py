@@ -1038,6 +1038,41 @@ def test_a_member_silent_two_rounds_in_three_is_excluded(tmp_path: Path,
         assert {"w2", "w3"}.isdisjoint(master.excluded)
 
 
+def test_one_of_two_members_cannot_saturate_fedadams_moments(tmp_path: Path,
+                                                             make_config: MakeConfig) -> None:
+    """w1 of two sent, once, the model plus 1e16 in every value (finite, and its squares
+    within float64): FedAdam's step is bounded by its learning rate, so the aggregate passed
+    the growth check, and the second moment then held w1's change for thousands of rounds:
+    every later step went where w1 chose. With two updates the round's median says nothing;
+    the aggregated rounds before it do."""
+    config = _config(make_config, tmp_path, rounds=3, min_workers=2, workers=2,
+                     strategy="fedadam")
+    rng = np.random.default_rng(0)
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2")}
+        for w, h in clients.items():
+            assert h.code("register", {"worker_id": w, "n_samples": 100, "device": "cpu",
+                                       "info": HONEST_INFO}) == "welcome"
+        for _ in range(3):
+            rnd, version, model = _round_open(master)
+            up = {"round": rnd, "version": version, "n_samples": 100, "metrics": {}}
+            for w in clients:
+                step = 1e16 if (w, rnd) == ("w1", 2) else 0.01
+                sent = {n: (a + step * rng.standard_normal(a.shape)).astype(a.dtype)
+                        for n, a in model.items()}
+                assert clients[w].code("update", {**up, "worker_id": w}, sent) == "ack"
+            wait_for(lambda r=rnd: master.open is None or master.open.number > r, 20,
+                     "the round to close")
+        state = master.family.strategy.state()
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    left = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+            if '"left_out"' in line]
+    assert [(e["round"], e["worker"]) for e in left] == [(2, "w1")], left
+    assert "too few updates" in left[0]["reason"]
+    second = [v for k, v in state.items() if k.startswith("v/")]  # FedAdam's second moment
+    assert second and max(float(np.abs(v).max()) for v in second) < 1.0, list(state)
+
+
 def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
         tmp_path: Path, make_config: MakeConfig) -> None:
     """A metric named ``self`` once clashed with the log writer's own argument: its thread died
