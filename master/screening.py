@@ -6,8 +6,8 @@ Each check is a bound documented in :mod:`common.constants`:
 * an update that holds NaN or Inf, or overflows, is left out of the round; in a round of three
   updates or more, so is one whose distance to the model it was built on is more than
   ``NORM_OUTLIER_FACTOR`` times the round's lower median distance; in a round of fewer (where
-  nothing says which one is wrong), one more than that many times the largest distance
-  aggregated in the last ``NORM_GROWTH_WINDOW`` rounds (:class:`DistanceHistory`);
+  nothing says which one is wrong), one more than that many times the smallest of the last
+  ``NORM_GROWTH_WINDOW`` rounds' largest distance aggregated (:class:`DistanceHistory`);
 * an aggregate that holds NaN or Inf, a value past ``PUBLISHED_VALUE_LIMIT`` (what a float32
   worker can square), or whose norm grows past ``NORM_GROWTH_LIMIT`` times the model it
   replaces or the smallest of the last ``NORM_GROWTH_WINDOW`` published, or
@@ -131,6 +131,54 @@ def _aggregate_check(before: Mapping[str, np.ndarray], after: Mapping[str, np.nd
 Form = tuple[tuple[str, tuple[int, ...]], ...]  # a payload's array names and shapes
 
 
+class _Floors:
+    """Per form of arrays, the last ``rounds`` values recorded and the smallest in the whole
+    job (positive and finite ones only): the floors a value of the same form is held to."""
+
+    def __init__(self, rounds: int, what: str) -> None:
+        self.rounds, self.what = rounds, what
+        self._recent: dict[Form, deque[float]] = {}
+        self._least: dict[Form, float] = {}
+
+    def floors(self, form: Form) -> tuple[float | None, float | None]:
+        """The smallest of the window's values and the job's smallest (None for none)."""
+        recent = self._recent.get(form)
+        return (min(recent) if recent else None), self._least.get(form)
+
+    def add(self, form: Form, value: float) -> None:
+        # (a value of 0, a model zeroed, would otherwise switch the floors off)
+        if not (math.isfinite(value) and value > 0):
+            return
+        if form not in self._recent and len(self._recent) >= MAX_WINDOWS:
+            self._recent.clear()  # (a family whose forms never repeat keeps no history)
+            self._least.clear()
+        self._recent.setdefault(form, deque(maxlen=self.rounds)).append(value)
+        self._least[form] = min(value, self._least.get(form, value))
+
+    def state(self) -> list[list[Any]]:
+        """JSON-able: ``[[[name, shape], ...], [value, ...], least]`` a form."""
+        return [[[[n, list(shape)] for n, shape in form], list(values), self._least[form]]
+                for form, values in self._recent.items()]
+
+    def restore(self, state: Sequence[Any]) -> None:
+        """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
+        recent: dict[Form, deque[float]] = {}
+        least: dict[Form, float] = {}
+        try:
+            for arrays, values, smallest in state:
+                form = form_of_listed(arrays)
+                kept = [float(x) for x in values][-self.rounds:]
+                if not kept or not all(math.isfinite(x) and x > 0
+                                       for x in (*kept, float(smallest))):
+                    raise ValueError("a value is not a finite number > 0")
+                recent[form] = deque(kept, maxlen=self.rounds)
+                least[form] = min(float(smallest), *kept)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the checkpoint's {self.what} are malformed: {exc}") from None
+        self._recent = dict(list(recent.items())[-MAX_WINDOWS:])
+        self._least = {form: least[form] for form in self._recent}
+
+
 class GrowthWindow:
     """The growth bound over rounds: an aggregate is held to ``NORM_GROWTH_LIMIT`` times the
     model it replaces and times the smallest norm of the last ``NORM_GROWTH_WINDOW`` models of
@@ -144,9 +192,7 @@ class GrowthWindow:
     empty let the same member step 100 x at once again."""
 
     def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW) -> None:
-        self.rounds = rounds
-        self._norms: dict[Form, deque[float]] = {}  # the window's, positive norms only
-        self._least: dict[Form, float] = {}  # the job's smallest positive norm
+        self._norms = _Floors(rounds, "growth windows")
         self._checked: tuple[Form, float] | None = None
 
     def problem(self, before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]
@@ -154,70 +200,49 @@ class GrowthWindow:
         """:func:`aggregate_problem` with the window's and the job's floors; call
         :meth:`published` once the aggregate checked last is the model."""
         form = form_of(after)
+        window, job = self._norms.floors(form)
         floors = []
-        if self._norms.get(form):
-            floors.append((C.NORM_GROWTH_LIMIT, min(self._norms[form]),
+        if window is not None:
+            floors.append((C.NORM_GROWTH_LIMIT, window,
                            f"the smallest of the last {C.NORM_GROWTH_WINDOW} published "
                            f"models' (NORM_GROWTH_WINDOW)"))
-        if form in self._least:
-            floors.append((C.NORM_JOB_GROWTH_LIMIT, self._least[form],
+        if job is not None:
+            floors.append((C.NORM_JOB_GROWTH_LIMIT, job,
                            "the smallest published in this job (NORM_JOB_GROWTH_LIMIT)"))
         problem, new = _aggregate_check(before, after, C.NORM_GROWTH_LIMIT, floors)
         self._checked = (form, new)
         return problem
 
     def published(self) -> None:
-        if self._checked is None:
-            return
-        form, new = self._checked
-        self._checked = None
-        if new <= 0:  # (a model of norm 0, one zeroed, would otherwise switch the floors off)
-            return
-        if form not in self._norms and len(self._norms) >= MAX_WINDOWS:
-            self._norms.clear()  # (a family whose forms never repeat keeps no history)
-            self._least.clear()
-        self._norms.setdefault(form, deque(maxlen=self.rounds)).append(new)
-        self._least[form] = min(new, self._least.get(form, new))
+        if self._checked is not None:
+            self._norms.add(*self._checked)
+            self._checked = None
 
     def state(self) -> list[list[Any]]:
-        """The records, JSON-able: ``[[[name, shape], ...], [norm, ...], least]`` a form."""
-        return [[[[n, list(shape)] for n, shape in form], list(norms), self._least[form]]
-                for form, norms in self._norms.items()]
+        return self._norms.state()
 
     def restore(self, state: Sequence[Any]) -> None:
-        """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
-        norms: dict[Form, deque[float]] = {}
-        least: dict[Form, float] = {}
-        try:
-            for arrays, values, smallest in state:
-                form = form_of_listed(arrays)
-                kept = [float(x) for x in values][-self.rounds:]
-                if not kept or not all(math.isfinite(x) and x > 0
-                                       for x in (*kept, float(smallest))):
-                    raise ValueError("a norm is not a finite number > 0")
-                norms[form] = deque(kept, maxlen=self.rounds)
-                least[form] = min(float(smallest), *kept)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the checkpoint's growth windows are malformed: {exc}") from None
-        self._norms = dict(list(norms.items())[-MAX_WINDOWS:])
-        self._least = {form: least[form] for form in self._norms}
+        self._norms.restore(state)
         self._checked = None
 
 
 class DistanceHistory:
-    """The largest distance of the updates aggregated in each of the last
-    ``NORM_GROWTH_WINDOW`` rounds, per form of upload: the reference for a round of fewer
-    than three updates, where the round's own median says nothing of which one is wrong. An
-    update farther than ``NORM_OUTLIER_FACTOR`` times the largest of them is left out. Without
-    it, one member of two sent a FedAdam pseudo-gradient, or a synchronized step's gradient,
-    of 1e17 (finite, and squared within float64): the server optimizer's second moment held it
-    for thousands of rounds, and every later step went where that member chose. Checkpointed
-    with the growth records (:meth:`state` / :meth:`restore`)."""
+    """The reference for a round of fewer than three updates, where the round's own median
+    says nothing of which one is wrong: each round's largest distance aggregated, per form of
+    upload. An update farther than ``NORM_OUTLIER_FACTOR`` times the smallest of the last
+    ``NORM_GROWTH_WINDOW`` rounds' largest, or ``NORM_JOB_GROWTH_LIMIT`` times the job's
+    smallest, is left out. Without it, one member of two sent a FedAdam pseudo-gradient, or a
+    synchronized step's gradient, of 1e17 (finite, and squared within float64): the server
+    optimizer's second moment held it for thousands of rounds, and every later step went
+    where that member chose. The smallest of the window, not its largest, so that what a
+    member got accepted does not raise its next allowance; the round's largest, so that a
+    member sending tiny changes cannot lower it. Honest rounds in every example came within
+    5.1 x of the window's floor. Checkpointed (:meth:`state` / :meth:`restore`)."""
 
     def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW,
                  factor: float = C.NORM_OUTLIER_FACTOR) -> None:
-        self.rounds, self.factor = rounds, factor
-        self._largest: dict[Form, deque[float]] = {}
+        self.factor = factor
+        self._largest = _Floors(rounds, "update distances")
 
     def outliers(self, distances: Mapping[str, float], forms: Mapping[str, Form]
                  ) -> dict[str, str]:
@@ -226,41 +251,33 @@ class DistanceHistory:
         if len(distances) >= 3:
             return out
         for w, d in distances.items():
-            past = self._largest.get(forms[w])
-            if w not in out and past and d > self.factor * max(past) and d > 1e-6:
+            window, job = self._largest.floors(forms[w])
+            if w in out or window is None or job is None or d <= 1e-6:
+                continue
+            if d > self.factor * window:
                 out[w] = (f"its distance to the model, {d:.3g}, is over {self.factor:g} times "
-                          f"{max(past):.3g}, the largest aggregated in the last {len(past)} "
-                          f"round(s), with too few updates this round to compare")
+                          f"{window:.3g}, the smallest of the last rounds' largest aggregated, "
+                          f"with too few updates this round to compare")
+            elif d > C.NORM_JOB_GROWTH_LIMIT * job:
+                out[w] = (f"its distance to the model, {d:.3g}, is over "
+                          f"{C.NORM_JOB_GROWTH_LIMIT:g} times {job:.3g}, the smallest round's "
+                          f"largest aggregated in this job (NORM_JOB_GROWTH_LIMIT)")
         return out
 
     def aggregated(self, distances: Mapping[str, float], forms: Mapping[str, Form]) -> None:
-        """Keep the largest finite distance of each form among the updates just aggregated."""
+        """Record the largest finite distance of each form among the updates aggregated."""
         largest: dict[Form, float] = {}
         for w, d in distances.items():
             if math.isfinite(d):
                 largest[forms[w]] = max(d, largest.get(forms[w], 0.0))
         for form, d in largest.items():
-            if form not in self._largest and len(self._largest) >= MAX_WINDOWS:
-                self._largest.clear()  # (a family whose forms never repeat keeps no history)
-            self._largest.setdefault(form, deque(maxlen=self.rounds)).append(d)
+            self._largest.add(form, d)
 
     def state(self) -> list[list[Any]]:
-        """The history, JSON-able: ``[[[name, shape], ...], [distance, ...]]`` a form."""
-        return [[[[n, list(shape)] for n, shape in form], list(values)]
-                for form, values in self._largest.items()]
+        return self._largest.state()
 
     def restore(self, state: Sequence[Any]) -> None:
-        """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
-        largest: dict[Form, deque[float]] = {}
-        try:
-            for arrays, values in state:
-                kept = [float(x) for x in values][-self.rounds:]
-                if not all(math.isfinite(x) and x >= 0 for x in kept):
-                    raise ValueError("a distance is not a finite number >= 0")
-                largest[form_of_listed(arrays)] = deque(kept, maxlen=self.rounds)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the checkpoint's update distances are malformed: {exc}") from None
-        self._largest = dict(list(largest.items())[-MAX_WINDOWS:])
+        self._largest.restore(state)
 
 
 def form_of(arrays: Mapping[str, Any]) -> Form:

@@ -215,6 +215,12 @@ def test_with_fewer_than_three_updates_the_aggregated_rounds_are_the_reference()
     out = history.outliers({"w1": 1e17, "w2": 0.1}, forms)
     assert list(out) == ["w1"] and "too few updates" in out["w1"], out
     assert history.outliers({"w1": 5.9}, forms) == {}  # under 20 x 0.3: honest steps vary
+    # what a member got accepted does not raise its next allowance (the window's smallest)
+    history.aggregated({"w1": 5.7, "w2": 0.25}, forms)
+    assert list(history.outliers({"w1": 19 * 5.7, "w2": 0.25}, forms)) == ["w1"]
+    # nor can a member sending tiny changes lower it (each round's largest)
+    history.aggregated({"w1": 1e-9, "w2": 0.3}, forms)
+    assert history.outliers({"w1": 1e-9, "w2": 0.35}, forms) == {}
     # another form (a synchronized step's next phase) has a history of its own
     other = screening.form_of({"g": np.zeros(2)})
     assert history.outliers({"w1": 50.0}, {"w1": other}) == {}
@@ -226,4 +232,4 @@ def test_with_fewer_than_three_updates_the_aggregated_rounds_are_the_reference()
     again.restore(state)
     assert again.outliers({"w1": 7.0}, forms) != {}
     with pytest.raises(ValueError, match="update distances are malformed"):
-        again.restore([[[["w", [4]]], [-1.0]]])
+        again.restore([[[["w", [4]]], [-1.0], 1.0]])
