@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from common.data.embedding import embed_texts, embedding_identity
+from common.data.reading import text_problem
 from common.data.text import bow_matrix
 from fedctl.errors import one_line
 from fedctl.runs import Run, load_run
@@ -49,6 +50,8 @@ def _texts(texts: Any) -> list[str]:
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise ModelError(f"texts[{i}]: expected a string, got {type(t).__name__}")
+        if problem := text_problem(t):
+            raise ModelError(f"texts[{i}]: {problem}")
     return texts
 
 

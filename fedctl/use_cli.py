@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import click
 
 from common.atomic import atomic_write_bytes
-from common.data.reading import TABLE_DELIMITERS, read_table
+from common.data.reading import TABLE_DELIMITERS, read_table, text_problem
 from fedctl.errors import fail
 
 _run_arg = click.argument("run", type=click.Path(exists=True, file_okay=False),
@@ -77,6 +77,9 @@ def _read_texts(path: str) -> list[_Document]:
                              f"file is read as JSONL") from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise ValueError(f"{path}:{n}: expected an object with a \"text\" string")
+        for field in ("text", "id"):
+            if isinstance(row.get(field), str) and (problem := text_problem(row[field])):
+                raise ValueError(f"{path}:{n}: field {field!r} is {problem}")
         docs.append(_Document(n, row["text"], row.get("id")))
     return docs
 

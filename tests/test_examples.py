@@ -178,6 +178,8 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
         use("one document")  # used to be one document a character
     with pytest.raises(ModelError, match=r"texts\[1\]: expected a string, got int"):
         use(["a document", 7])
+    with pytest.raises(ModelError, match=r"texts\[1\]: not valid text: half of a character"):
+        use(["a document", "bad \ud800"])  # (a JSON escape: the embedding's cache key broke)
     assert len(use([])) == 0
     assert len(use(np.array(["a document", "another"]))) == 2  # texts, not "features"
     if isinstance(model, TopicModel):
@@ -274,6 +276,10 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     late = tmp_path / "late.txt"
     late.write_bytes(b"a ship\n" * 999 + b"caf\xe9\n")
     assert f"{late}:1000: not UTF-8 text" in fedctl("predict", str(out), str(late))
+    half = tmp_path / "half.jsonl"
+    half.write_text('{"text": "a ship"}\n{"text": "bad \\ud800"}\n')
+    assert f"{half}:2: field 'text' is not valid text: half of a character" in fedctl(
+        "predict", str(out), str(half))
 
     before = docs.read_bytes()
     assert "that is INPUT" in fedctl("predict", str(out), str(docs), "-o", str(docs))

@@ -84,6 +84,11 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
         with data.open("ab") as fh:
             fh.write(b'{"text": "caf\xe9", "label": "a"}\n')
         return {"data": {"path": str(data)}}, f"{data}:6: not UTF-8 text (invalid continuation byte"
+    if case == "half a character":  # a JSON escape of a lone surrogate: UTF-8 cannot hold it
+        data.write_text("\n".join(rows[:5] + ['{"text": "bad \\ud800 here", "label": "a"}'])
+                        + "\n")
+        return {"data": {"path": str(data)}}, (
+            f"{data}:6: field 'text' is not valid text: half of a character (\\ud800")
     if case == "sentence model by name":  # a name would be looked up on the Hub
         return {"data": {"embedding_model": "all-MiniLM-L6-v2"}}, (
             f"data.embedding_model: {tmp / 'all-MiniLM-L6-v2'}: not a sentence model's folder")
@@ -125,7 +130,8 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
 
 
 RUN_TOO = ("malformed line", "sync NTM without a whole step")
-BAD = ["missing data file", "data path is a folder", "data not UTF-8", "malformed line",
+BAD = ["missing data file", "data path is a folder", "data not UTF-8", "half a character",
+       "malformed line",
        "empty file", "classifier without labels", "sentence model by name", "task typo",
        "sync NTM without a whole step", "no word survives min_df",
        # check passed these, and the run failed, or they read as Python's internals

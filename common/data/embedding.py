@@ -16,7 +16,7 @@ from filelock import FileLock
 
 from common.aggregate import all_finite
 from common.atomic import atomic_save_npy
-from common.data.reading import DataError
+from common.data.reading import DataError, text_problem
 
 log = logging.getLogger("fedctl.data")
 
@@ -129,7 +129,10 @@ def _cache_key(model_path: str, texts: list[str], backend: str = "torch") -> str
     for i, text in enumerate(texts):
         if i:
             h.update(b"\0")
-        h.update(text.encode("utf-8"))
+        try:
+            h.update(text.encode("utf-8"))
+        except UnicodeEncodeError:  # (what the Python API is given: the readers refuse it)
+            raise ValueError(f"document {i}: {text_problem(text)}") from None
     return h.hexdigest()
 
 

@@ -194,6 +194,17 @@ def _read_labelled_table(p: Path) -> tuple[list[str], list[str], bool]:
     return texts, labels, label_at is not None
 
 
+def text_problem(text: str) -> str | None:
+    """Why ``text`` is no text a model can read, or None: half of a character (a lone
+    surrogate, which a JSON escape such as ``\\ud800`` decodes to, and UTF-8 cannot hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"not valid text: half of a character (\\u{ord(text[exc.start]):04x}, a "
+                f"lone surrogate) at character {exc.start}")
+    return None
+
+
 def _parse_row(line: str, where: str) -> tuple[str, str | None]:
     """One line's text and label (None when it has none); DataError naming ``where``."""
     try:
@@ -206,12 +217,16 @@ def _parse_row(line: str, where: str) -> tuple[str, str | None]:
         raise DataError(f"{where}: missing field 'text'")
     if not isinstance(row["text"], str):
         raise DataError(f"{where}: field 'text' must be a string")
+    if problem := text_problem(row["text"]):
+        raise DataError(f"{where}: field 'text' is {problem}")
     if "label" not in row:
         return row["text"], None
     label = row["label"]
     # bool is an int subclass, but a true/false label is almost surely a mistake.
     if isinstance(label, bool) or not isinstance(label, (str, int)):
         raise DataError(f"{where}: field 'label' must be a string or an integer")
+    if problem := text_problem(str(label)):
+        raise DataError(f"{where}: field 'label' is {problem}")
     return row["text"], str(label)
 
 
