@@ -178,6 +178,10 @@ MAX_ROUNDS = 10_000_000
 
 #: Most samples a worker may declare (weights beyond it are not believable).
 MAX_SAMPLES = 1_000_000_000
+#: Most occurrences of one word per document a vocabulary registration counts: more cannot
+#: come from documents of ordinary length, so the master refuses them, and a worker counts a
+#: document that repeats one word more often (a log line pasted 300,000 times) as this many.
+MAX_TERM_PER_DOC = 10_000
 
 #: An update whose distance to the model it was built on exceeds this many times the round's
 #: lower median distance is refused for that round (a poisoned or broken update; honest ones

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.data.text import bow_matrix, local_vocabulary, make_vectorizer, merge_vocabularies
+from common import constants as C
+from common.data.text import (
+    bow_matrix,
+    local_vocabulary,
+    make_vectorizer,
+    merge_vocabularies,
+    vocabulary_info,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKOVERFLOW = ROOT / "data" / "stackoverflow" / "stackoverflow_1500.jsonl"
@@ -122,3 +129,13 @@ def test_every_bundled_dataset_registers_whole():
     for path in sorted((ROOT / "data").glob("*/*.jsonl")):
         texts = [json.loads(line)["text"] for line in path.read_text().splitlines() if line]
         check_vocabulary_info(vocabulary_info(texts))
+
+
+def test_a_document_repeating_one_word_past_the_bound_still_registers() -> None:
+    """An honest worker whose one document repeated a word 300,000 times was refused by the
+    master as claiming counts no documents could give, and the whole run failed."""
+    from master.families.vocabulary import check_vocabulary_info
+
+    info = vocabulary_info(["locomotive " * 300_000, "a locomotive engine", "a train"])
+    assert info["vocabulary"]["locomotive"] == [2 * C.MAX_TERM_PER_DOC, 2]
+    check_vocabulary_info(info)  # (raised ProtocolError)

@@ -21,6 +21,8 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.feature_extraction.text import CountVectorizer
 
+from common import constants as C
+
 __all__ = ["MAX_WORD", "TOKEN_PATTERN", "make_vectorizer", "local_vocabulary", "merge_vocabularies",
            "bow_matrix"]
 
@@ -173,4 +175,7 @@ def vocabulary_info(texts: Sequence[str]) -> dict[str, Any]:
     ``{"vocabulary": {word: [term_freq, doc_freq]}, "n_docs": N}``; checked and merged on the
     master by :mod:`master.families.vocabulary`."""
     vocab = local_vocabulary(texts)
-    return {"vocabulary": {w: [tf, df] for w, (tf, df) in vocab.items()}, "n_docs": len(texts)}
+    # (counted as at most MAX_TERM_PER_DOC a document: an honest worker whose one document
+    # repeated a word 300,000 times was refused as claiming counts no documents could give)
+    return {"vocabulary": {w: [min(tf, df * C.MAX_TERM_PER_DOC), df]
+                           for w, (tf, df) in vocab.items()}, "n_docs": len(texts)}

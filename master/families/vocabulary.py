@@ -18,9 +18,6 @@ from master.families.base import ServerFamily
 #: Most distinct words a worker may register (a large English corpus has a few hundred
 #: thousand; the cap keeps a registration's header cheap to decode, MAX_HEADER_CONTAINERS).
 MAX_LOCAL_WORDS = 300_000
-#: Most occurrences of one word per document a registration may claim (a term frequency over
-#: ``n_docs`` times this cannot come from ``n_docs`` documents of ordinary length).
-MAX_TERM_PER_DOC = 10_000
 
 
 def check_vocabulary_info(info: Mapping[str, Any]) -> None:
@@ -47,8 +44,8 @@ def check_vocabulary_info(info: Mapping[str, Any]) -> None:
                                 "of printable characters", code=errors.BAD_FIELD)
         tf, df = freqs
         # Counts the declared documents could hold: a word is in at most n_docs of them, and
-        # in each of those at most MAX_TERM_PER_DOC times.
-        if not (df <= n_docs and df <= tf <= df * MAX_TERM_PER_DOC):
+        # in each of those at most C.MAX_TERM_PER_DOC times.
+        if not (df <= n_docs and df <= tf <= df * C.MAX_TERM_PER_DOC):
             raise ProtocolError(f"register.info.vocabulary[{word[:40]!r}]: counts {tf}, {df} "
                                 f"cannot come from {n_docs} documents", code=errors.BAD_FIELD)
 
