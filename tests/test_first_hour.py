@@ -89,6 +89,9 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
                         + "\n")
         return {"data": {"path": str(data)}}, (
             f"{data}:6: field 'text' is not valid text: half of a character (\\ud800")
+    if case == "a share without the positive class":  # it read as the file's fault
+        return {"workers": 12, "data": {"partition": "dirichlet", "alpha": 0.05}}, (
+            "cannot be used: positive class 'MeanOfTransportation' not in the data")
     if case == "sentence model by name":  # a name would be looked up on the Hub
         return {"data": {"embedding_model": "all-MiniLM-L6-v2"}}, (
             f"data.embedding_model: {tmp / 'all-MiniLM-L6-v2'}: not a sentence model's folder")
@@ -131,7 +134,7 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
 
 RUN_TOO = ("malformed line", "sync NTM without a whole step")
 BAD = ["missing data file", "data path is a folder", "data not UTF-8", "half a character",
-       "malformed line",
+       "malformed line", "a share without the positive class",
        "empty file", "classifier without labels", "sentence model by name", "task typo",
        "sync NTM without a whole step", "no word survives min_df",
        # check passed these, and the run failed, or they read as Python's internals

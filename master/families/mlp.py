@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ClusterConfig, ConfigError, build_params
-from common.data.reading import make_task
+from common.data.reading import DataError, make_task
 from common.data.shards import LocalData
 from common.models.mlp_params import MLPParams
 from common.net import errors
@@ -49,9 +49,16 @@ class MLPServer(ServerFamily):
         anything starts (not the master's failure after the cluster has)."""
         d = self.cfg.data
         classes: set[str] = set()
-        for shard in shards.values():
+        for name, shard in shards.items():
             labels = [shard.dataset.labels[i] for i in shard.train_index]
-            classes.update(make_task(labels, task=d.task, positive=d.positive)[1])
+            try:
+                classes.update(make_task(labels, task=d.task, positive=d.positive)[1])
+            except DataError as exc:  # (said of the whole file, it read as the file's fault)
+                raise ConfigError(
+                    f"{self.cfg.source}: data: the training share of worker {name} "
+                    f"({len(labels)} documents, partition {d.partition}) cannot be used: {exc} "
+                    f"(more data with data.limit, partition iid or a larger data.alpha would "
+                    f"help)") from None
         if len(classes) < 2:
             raise ConfigError(f"{self.cfg.source}: data: the workers' training documents hold "
                               f"{len(classes)} class(es) ({', '.join(sorted(classes)) or 'none'})"
