@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,7 +90,9 @@ def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
 
 def check_folder(cfg: ClusterConfig, key: str, folder: str | None) -> None:
     """ConfigError naming ``key`` when ``folder`` (None: the default, not checked) is, or
-    lies under, a file: `check` passed it and the run then failed."""
+    lies under, a file, or when nothing can be written where the run will write it (the
+    output folder is written beside itself, as ``<folder>.partial``, and renamed): `check`
+    passed these and the run then failed with the system's bare words."""
     if folder is None:
         return
     path = Path(folder)
@@ -99,7 +102,14 @@ def check_folder(cfg: ClusterConfig, key: str, folder: str | None) -> None:
             if not at.is_dir():
                 where = "is a file" if at == path else f"lies under {at}, a file"
                 raise ConfigError(f"{cfg.source}: {key}: {path} {where}; expected a folder")
-            return
+            break
+    written = path.parent if key == "output_dir" else path
+    at = next(a for a in (written, *written.parents) if a.exists())
+    try:  # (tried, not os.access: a read-only mount, /proc, a quota answer only to a try)
+        tempfile.TemporaryDirectory(dir=at, prefix=".fedctl-check-").cleanup()
+    except OSError as exc:
+        raise ConfigError(f"{cfg.source}: {key}: {path}: nothing can be written in {at} "
+                          f"({exc.strerror or exc}); choose another folder") from None
 
 
 def worker_shards(cfg: ClusterConfig, found: Preflight | None = None) -> dict[str, LocalData]:

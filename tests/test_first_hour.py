@@ -119,6 +119,9 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
         (tmp / "a_file").write_text("")
         return {"output_dir": str(tmp / "a_file")}, (
             f"output_dir: {tmp / 'a_file'} is a file; expected a folder")
+    if case == "output_dir where nothing can be written":  # the run said only "[Errno 2]"
+        return {"output_dir": "/proc/fedctl_out"}, (
+            "output_dir: /proc/fedctl_out: nothing can be written in /proc")
     if case == "cache_dir under a file":
         (tmp / "a_file").write_text("")
         return {"data": {"cache_dir": str(tmp / "a_file" / "cache")}}, (
@@ -139,7 +142,8 @@ BAD = ["missing data file", "data path is a folder", "data not UTF-8", "half a c
        "sync NTM without a whole step", "no word survives min_df",
        # check passed these, and the run failed, or they read as Python's internals
        "strategy option it does not take", "strategy option not a number", "seed out of range",
-       "bind not of this host", "output_dir a file", "cache_dir under a file",
+       "bind not of this host", "output_dir a file", "output_dir where nothing can be written",
+       "cache_dir under a file",
        "too many clusters", "a network no memory holds"]
 
 
