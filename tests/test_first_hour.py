@@ -132,6 +132,9 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
     if case == "too many clusters":
         return {"model": {"family": "fstc", "n_clusters": 20_000}}, (
             "model.n_clusters: expected 0 (the number of classes) or 2 to 10,000")
+    if case == "more clusters than a worker's documents":  # ran past every deadline, silent
+        return {"model": {"family": "fstc", "n_clusters": 5_000}}, (
+            "model.n_clusters: 5000, more than any worker's documents (the most: ")
     raise AssertionError(case)
 
 
@@ -144,7 +147,7 @@ BAD = ["missing data file", "data path is a folder", "data not UTF-8", "half a c
        "strategy option it does not take", "strategy option not a number", "seed out of range",
        "bind not of this host", "output_dir a file", "output_dir where nothing can be written",
        "cache_dir under a file",
-       "too many clusters", "a network no memory holds"]
+       "too many clusters", "more clusters than a worker's documents", "a network no memory holds"]
 
 
 def test_a_history_link_to_a_deleted_run_is_no_file(make_config: MakeConfig,

@@ -25,7 +25,7 @@ from sklearn.cluster import KMeans
 
 from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
-from common.data.shards import local_data, sentence_features, simulated
+from common.data.shards import LocalData, local_data, sentence_features, simulated
 from common.models.fstc import (
     CENTERS,
     COUNTS,
@@ -110,6 +110,20 @@ class FSTCServer(ServerFamily):
             raise ConfigError(f"{cfg.source}: model.init: 'pooled' clusters every worker's "
                               "representations on the master, which only a simulated cluster "
                               "(workers sharing data.path) can do; use 'kfed'")
+
+    def check_shards(self, shards: Mapping[str, LocalData]) -> None:
+        """More clusters than any worker has documents is refused: each worker
+        clusters its own documents (k-FED's k-means clips K to them), and K = 3,000 for 1,197
+        documents a worker passed check, then spent rounds past their deadline, saying
+        nothing."""
+        k = self.params.n_clusters
+        # (transductive: a worker clusters all its documents, its test share too)
+        sizes = {w: len(d.train_index) + len(d.test_index) for w, d in shards.items()}
+        most = max(sizes, key=lambda w: sizes[w], default=None)
+        if k and most is not None and k > sizes[most]:
+            raise ConfigError(f"{self.cfg.source}: model.n_clusters: {k}, more than any "
+                              f"worker's documents (the most: {sizes[most]}, {most}): fewer "
+                              f"clusters, or fewer workers")
 
     # ------------------------------------------------------------------ joining
     def check_info(self, info: Mapping[str, Any]) -> None:
