@@ -22,6 +22,7 @@ from common.config import ClusterConfig, ConfigError
 from common.data.reading import DataError
 from common.data.shards import LocalData, local_data, unlabelled_message
 from master.families import ServerFamily, make_server_family
+from master.privacy import PrivacyLedger, batching
 
 #: Hosts a master reached at which binds on this machine.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "*")
@@ -82,6 +83,11 @@ def preflight(cfg: ClusterConfig, ports: bool = True, worker: str | None = None,
     # the workers will agree on), nor do those here when some workers' files are elsewhere.
     if shards and worker is None and not found.not_here:
         family.check_shards(shards)
+        # (the master said this only once every worker had started and registered)
+        why = PrivacyLedger(cfg.privacy, cfg.client_fraction).first_round_refusal(
+            {w: n for w, (n, _) in found.documents.items()}, *batching(family))
+        if why is not None:
+            raise ConfigError(f"{cfg.source}: {why}")
     if ports and binds_here(cfg):
         check_ports_free(cfg)
         found.ports_checked = True

@@ -26,6 +26,13 @@ from common.privacy.dp import (
 log = logging.getLogger("fedctl.master")
 
 
+def batching(family: Any) -> tuple[int, int]:
+    """The family's batch size and local epochs (1 where it has none): with a worker's
+    documents, what its DP-SGD accountant's ε follows from."""
+    params = getattr(family, "params", None)
+    return getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1)
+
+
 class PrivacyLedger:
     """ε so far, per kind, and the rule that ends training at ``target_epsilon``.
 

@@ -52,7 +52,7 @@ from master.families import Payload, ServerFamily, make_server_family
 from master.families.base import check_arrays
 from master.memory import MemoryCeiling, default_limit, resident_bytes
 from master.outputs import write_config, write_model, write_results
-from master.privacy import PrivacyLedger
+from master.privacy import PrivacyLedger, batching
 from master.rounds import RateLimiter, Roster, RoundState, may_close, round_events
 from master.secagg import DONE as SECURE_DONE
 from master.secagg import FAILED as SECURE_FAILED
@@ -839,7 +839,7 @@ class Master:
         if not self._setup_family():
             return
         why = self.privacy.first_round_refusal(
-            {w: s.n_samples for w, s in self.workers.items()}, *self._batching())
+            {w: s.n_samples for w, s in self.workers.items()}, *batching(self.family))
         if why is not None:
             self._fail(why)
             return
@@ -1230,12 +1230,6 @@ class Master:
                            time=time.time())
         return True
 
-    def _batching(self) -> tuple[int, int]:
-        """The family's batch size and local epochs (1 where it has none): with a worker's
-        documents, what its DP-SGD accountant's ε follows from."""
-        params = getattr(self.family, "params", None)
-        return getattr(params, "batch_size", 1), getattr(params, "local_epochs", 1)
-
     def _leave_out(self, rnd: RoundState, worker_id: str, why: str) -> None:
         rnd.left_out.add(worker_id)
         rnd.results.pop(worker_id, None)
@@ -1403,8 +1397,8 @@ class Master:
         r["cpu_s"], self._cpu_mark = cpu - self._cpu_mark, cpu
         sizes = None
         if self.cfg.privacy.dp_sgd is not None:  # (only DP-SGD's claims are bounded by them)
-            sizes = {w: (self.workers[w].n_samples, *self._batching()) for w in rnd.metrics
-                     if w in self.workers}
+            sizes = {w: (self.workers[w].n_samples, *batching(self.family))
+                     for w in rnd.metrics if w in self.workers}
         r.update(self.privacy.record(rnd.metrics, self.version, sizes))
         return events
 

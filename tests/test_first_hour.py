@@ -135,6 +135,10 @@ def _bad_case(tmp: Path, case: str) -> tuple[dict[str, Any], str]:
     if case == "more clusters than a worker's documents":  # ran past every deadline, silent
         return {"model": {"family": "fstc", "n_clusters": 5_000}}, (
             "model.n_clusters: 5000, more than any worker's documents (the most: ")
+    if case == "a privacy budget the first round spends":  # said after the cluster started
+        return {"privacy": {"dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0},
+                            "target_epsilon": 0.01}}, (
+            "privacy: the first round would take ")
     raise AssertionError(case)
 
 
@@ -147,7 +151,8 @@ BAD = ["missing data file", "data path is a folder", "data not UTF-8", "half a c
        "strategy option it does not take", "strategy option not a number", "seed out of range",
        "bind not of this host", "output_dir a file", "output_dir where nothing can be written",
        "cache_dir under a file",
-       "too many clusters", "more clusters than a worker's documents", "a network no memory holds"]
+       "too many clusters", "more clusters than a worker's documents",
+       "a privacy budget the first round spends", "a network no memory holds"]
 
 
 def test_a_history_link_to_a_deleted_run_is_no_file(make_config: MakeConfig,
