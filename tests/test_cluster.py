@@ -257,7 +257,7 @@ def test_late_worker_joins_during_training(tmp_path: Path, make_config: MakeConf
                 "--log-level")),
     (("check",), ("--config", "--family", "--no-family", "--id", "--data", "--as", "--workers",
                   "--rounds", "--json")),
-    (("data", "shard"), ("--config", "--data", "--out", "--json", "[WORKER]...")),
+    (("data", "shard"), ("--config", "--data", "--out", "--workers", "--json", "[WORKER]...")),
 ])
 def test_help(args: tuple[str, ...], mentions: tuple[str, ...]) -> None:
     result = run_fedctl(*args, "--help", timeout=60)

@@ -153,6 +153,17 @@ def test_fedctl_data_shard(tmp_path: Path) -> None:
     stranger = run_fedctl("data", "shard", "--config", str(config), "--out", str(out), "w7")
     assert stranger.returncode == 1 and "w7 is not among the cluster's workers" in stranger.stderr
     assert not (out / "w7.jsonl").exists()
+    # The shards of `fedctl run --workers 5` (the README offers both; shard had no --workers)
+    five = run_fedctl("data", "shard", "--config", str(config), "--out", str(tmp_path / "five"),
+                      "--workers", "5", "--json")
+    assert five.returncode == 0, five.stderr
+    cut = load_config(config).with_workers(5)
+    for w in ("w1", "w5"):
+        share = local_data(cut, w)
+        rows = sorted(int(i) for i in [*share.train_index, *share.test_index])
+        texts = [json.loads(x)["text"] for x in
+                 (tmp_path / "five" / f"{w}.jsonl").read_text().splitlines()]
+        assert texts == [share.dataset.texts[i] for i in rows]
 
 
 def test_fedctl_check_refuses_a_single_class_for_the_classifier(tmp_path: Path) -> None:

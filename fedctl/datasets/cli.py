@@ -386,6 +386,9 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int | Non
               metavar="PATH", help="The dataset to cut [default: data.path of the config].")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
               metavar="DIR", help="Folder of the shards, one DIR/<worker>.jsonl each.")
+@click.option("--workers", "-n", "n_workers", type=int, default=None,
+              help="Cut for w1..wN, as `fedctl run --workers N` runs them (default: the "
+                   "config's workers).")
 @click.option("--among-named", is_flag=True,
               help="Cut the dataset among the named workers only, not all the config's (for "
                    "a cluster whose other workers bring files of their own).")
@@ -395,8 +398,8 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int | Non
               help="Replace files in DIR that an earlier `fedctl data shard` did not write "
                    "(by default they are left alone and the command stops).")
 @click.argument("workers", nargs=-1, metavar="[WORKER]...")
-def shard(config: str, data_path: str | None, out_dir: str, among_named: bool, as_json: bool,
-          force: bool, workers: tuple[str, ...]) -> None:
+def shard(config: str, data_path: str | None, out_dir: str, n_workers: int | None,
+          among_named: bool, as_json: bool, force: bool, workers: tuple[str, ...]) -> None:
     """Cut each worker's share of a dataset into its own file, for a real cluster.
 
     Worker WORKER's file holds exactly the documents it would take from the dataset in
@@ -412,6 +415,8 @@ def shard(config: str, data_path: str | None, out_dir: str, among_named: bool, a
 
     try:
         cfg = load_config(config)
+        if n_workers is not None:
+            cfg = cfg.with_workers(n_workers)
         if data_path is not None:
             cfg.data.path = str(Path(data_path).resolve())
         report = write_shards(cfg, out_dir, list(workers) or None, among_named=among_named,
