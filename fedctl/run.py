@@ -355,6 +355,13 @@ def _moved_to(staging: Path, failed: Path, quiet: bool = False) -> None:
                 return v
 
             atomic_write_bytes(config, yaml.safe_dump(moved(raw), sort_keys=False).encode())
+    master_log = failed / "logs" / "master.log"
+    if master_log.is_file() and (failed / "checkpoint.npz").is_file():
+        # (its last lines named the staging folder, gone: a resume from there found nothing)
+        with master_log.open("a", encoding="utf-8") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} INFO    fedctl.run: this folder "
+                     f"was {staging} and is now {failed}: continue with `fedctl master "
+                     f"--config {config} --resume`\n")
     if quiet:
         return
     ended, diverged = _summary_failure(failed), _diverged(failed / "logs")

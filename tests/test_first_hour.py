@@ -980,6 +980,15 @@ def test_a_failed_runs_config_names_its_folder_path_by_path(tmp_path: Path) -> N
     assert raw["output_dir"] == str(failed)
     assert raw["data"]["cache_dir"] == str(failed / "cache")
     assert raw["data"]["path"] == str(root / "out.partial-old" / "d.jsonl")  # not its own
+    # The master's own stop hint, the last line of its log, named the staging folder, gone.
+    (failed / "logs").mkdir()
+    (failed / "logs" / "master.log").write_text(
+        f"... continue with `fedctl master --config {staging}/cluster.yaml --resume`\n")
+    (failed / "checkpoint.npz").write_bytes(b"")
+    _moved_to(staging, failed, quiet=True)
+    last = (failed / "logs" / "master.log").read_text().splitlines()[-1]
+    assert last.endswith(f"continue with `fedctl master --config {failed / 'cluster.yaml'} "
+                         f"--resume`"), last
 
 
 @pytest.mark.slow
