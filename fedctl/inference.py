@@ -282,7 +282,10 @@ class TopicModel(TrainedModel):
         """Each document's topic mixture, shape (n_documents, n_topics): the same map the
         workers scored with (NMF: weights with the topics fixed; ProdLDA / CombinedTM: the
         encoder's mean θ; LDA: Gibbs fold-in under the merged topics, seeded by each
-        document's words: one document, one answer, whatever the batch)."""
+        document's words: one document, one answer, whatever the batch). A document with no
+        word of the vocabulary (empty, another language) gets the mixture of nothing, the
+        prior's (:meth:`predict` gives it -1, :meth:`records` no topic): check
+        :meth:`known_words` before using rows as features."""
         if _is_features(texts):
             raise ModelError("a topic model reads texts, not features")
         texts = _texts(texts)
