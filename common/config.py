@@ -557,6 +557,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ClusterConfi
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:  # (`fedctl run -c nmf`, or a folder without cluster.yaml)
+        raise ConfigError(f"{p}: no such file (`fedctl init --family NAME` writes a starter "
+                          f"config; examples/ holds one for each family)") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError:

@@ -39,7 +39,7 @@ def test_small_models_get_more_anatomy_rounds() -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--config", "/no/such.yaml"], "Error: /no/such.yaml: cannot read"),
+    (["--config", "/no/such.yaml"], "Error: /no/such.yaml: no such file"),
     (["--hidden", "abc"], "argument --hidden: expected sizes like 256,4096, got 'abc'"),
     (["--hidden", "0,256"], "argument --hidden: expected sizes like 256,4096, got '0,256'"),
 ])
