@@ -225,6 +225,11 @@ def run_state(folder: Path) -> dict[str, Any]:
     wall = (wall_time(folder, events) if state in ("finished", "failed", "failed, resumable")
             else time.time() - start if state == "running" and start is not None
             else None)
+    note = folder / C.FAILED_NOTE
+    if state.startswith("failed") and start is not None and note.is_file():
+        # (written when the run ended: its events stopped with its last round, and a run
+        # stopped four minutes in showed 18 s)
+        wall = max(wall or 0.0, note.stat().st_mtime - start)
     family, workers = model.get("family", "?"), len((summary or {}).get("workers", []))
     rounds: Any = (summary or {}).get("rounds", "-")
     if family == "?" or not workers or summary is None:

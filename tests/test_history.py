@@ -130,6 +130,10 @@ def test_fedctl_runs_lists_each_run_once_with_its_state(tmp_path: Path) -> None:
                                             "failed, resumable"]
     assert listed[1]["score"] == "macro-F1 0.7000" and listed[1]["wall_s"] == 3.5
     assert listed[0]["wall_s"] is None  # its events say nothing of how long its master lived
+    # A failed run lasted until its FAILED note, not its last event (4 minutes showed 18 s).
+    began = listed[2]["started"]
+    os.utime(failed / "FAILED", (began + 240, began + 240))
+    assert list_runs(runs)[2]["wall_s"] == pytest.approx(240)
     # A master alive in it holds its lock: running, its wall the time since it began.
     fd = hold_lock(runs / "20260101T000000Z-aaaaaa" / C.MASTER_LOCK)
     try:
