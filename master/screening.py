@@ -265,7 +265,11 @@ class DistanceHistory:
         return out
 
     def aggregated(self, distances: Mapping[str, float], forms: Mapping[str, Form]) -> None:
-        """Record the largest finite distance of each form among the updates aggregated."""
+        """Record the largest finite distance of each form among the updates aggregated, in a
+        round of two or more: a member alone in a round (its peers silent, or not drawn)
+        could otherwise send a tiny change and get the next rounds' honest ones left out."""
+        if len(distances) < 2:
+            return
         largest: dict[Form, float] = {}
         for w, d in distances.items():
             if math.isfinite(d):

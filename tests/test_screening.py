@@ -218,8 +218,9 @@ def test_with_fewer_than_three_updates_the_aggregated_rounds_are_the_reference()
     # what a member got accepted does not raise its next allowance (the window's smallest)
     history.aggregated({"w1": 5.7, "w2": 0.25}, forms)
     assert list(history.outliers({"w1": 19 * 5.7, "w2": 0.25}, forms)) == ["w1"]
-    # nor can a member sending tiny changes lower it (each round's largest)
+    # nor can a member sending tiny changes lower it (each round's largest), nor alone
     history.aggregated({"w1": 1e-9, "w2": 0.3}, forms)
+    history.aggregated({"w1": 1e-9}, forms)
     assert history.outliers({"w1": 1e-9, "w2": 0.35}, forms) == {}
     # another form (a synchronized step's next phase) has a history of its own
     other = screening.form_of({"g": np.zeros(2)})
