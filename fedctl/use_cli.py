@@ -230,7 +230,7 @@ def _check_writable(path: Path) -> None:
               help="Words per topic.")
 def topics(run: str, n_words: int) -> None:
     """Print each topic's top words (the topic families: nmf, prodlda, combinedtm, lda,
-    sentencelda). RUN defaults to runs/latest."""
+    sentencelda). RUN defaults to runs/latest, e.g. `fedctl topics runs/latest -n 15`."""
     try:
         from fedctl.inference import ModelError, TopicModel, load_model
 
@@ -250,7 +250,8 @@ def topics(run: str, n_words: int) -> None:
 @_run_arg
 def show(run: str) -> None:
     """Print what RUN was and what it gave: family, configuration, rounds, wall time, final
-    scores and the comparison table. RUN defaults to runs/latest."""
+    scores and the comparison table. RUN defaults to runs/latest, e.g. `fedctl show`, or
+    `fedctl show runs/20261129T061212Z-1a2b3c.failed` for why a run failed."""
     try:
         _show(run)
     except (TypeError, AttributeError, KeyError) as exc:  # summary.json's fields of other types
@@ -349,7 +350,8 @@ def _show_unfinished(folder: Path) -> bool:
 @click.argument("folder", type=click.Path(file_okay=False), default="runs")
 def runs_cmd(folder: str) -> None:
     """List the runs in FOLDER (default runs/), newest last: when each started, family,
-    workers, rounds, headline score, wall time, and whether it finished."""
+    workers, rounds, headline score, wall time, and whether it finished, e.g. `fedctl runs`,
+    then `fedctl show RUN` for one of them."""
     from fedctl.runs import list_runs
 
     root = Path(folder)
