@@ -11,8 +11,9 @@ Each check is a bound documented in :mod:`common.constants`:
 * an aggregate that holds NaN or Inf, a value past ``PUBLISHED_VALUE_LIMIT`` (what a float32
   worker can square), or whose norm grows past ``NORM_GROWTH_LIMIT`` times the model it
   replaces or the smallest of the last ``NORM_GROWTH_WINDOW`` published, or
-  ``NORM_JOB_GROWTH_LIMIT`` times the smallest published in the job (:class:`GrowthWindow`),
-  is not published: it is undone and redone without the update furthest out;
+  ``NORM_JOB_GROWTH_LIMIT`` times the smallest published in the job, or shrinks as far
+  under their largest (:class:`GrowthWindow`), is not published: it is undone and redone
+  without the update furthest out;
 * with ``max_weight_fraction`` set, no worker's share of a weighted average exceeds it.
 
 Robust aggregation (trimmed means, Krum) is a strategy's job; these checks only keep what is
@@ -103,11 +104,13 @@ def aggregate_problem(before: Mapping[str, np.ndarray], after: Mapping[str, np.n
 
 
 def _aggregate_check(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
-                     limit: float, floors: Sequence[tuple[float, float, str]] = ()
-                     ) -> tuple[str | None, float]:
-    """:func:`aggregate_problem`, growth also held to each ``(limit, floor, what)`` of
-    ``floors`` (a smaller norm of an earlier model of the same arrays, and what it is); and
-    the aggregate's norm."""
+                     limit: float, bounds: Sequence[tuple[float, float, float, str]] = (),
+                     shrink: bool = False) -> tuple[str | None, float]:
+    """:func:`aggregate_problem`; with ``shrink``, the aggregate also held to at least the
+    model's norm over ``limit``; and to each ``(factor, least, most, what)`` of ``bounds``
+    (the smallest and largest norm of earlier models of the same arrays, and what they are):
+    at most ``factor`` times ``least`` and at least ``most`` over ``factor``. Returns the
+    problem and the aggregate's norm."""
     new = norm(after)
     if not math.isfinite(new):
         return "the aggregate holds NaN or Inf", new
@@ -121,10 +124,16 @@ def _aggregate_check(before: Mapping[str, np.ndarray], after: Mapping[str, np.nd
     if old > 0 and new > limit * old:
         return (f"the aggregate's norm {new:.3g} is over {limit:g} times the model's "
                 f"{old:.3g}"), new
-    for most, floor, what in floors if same else ():
-        if 0 < floor < old and new > most * floor:
-            return (f"the aggregate's norm {new:.3g} is over {most:g} times {floor:.3g}, "
-                    f"{what}"), new
+    if shrink and old > 0 and new * limit < old:
+        return (f"the aggregate's norm {new:.3g} is under the model's {old:.3g} over "
+                f"{limit:g}"), new
+    for factor, least, most, what in bounds if same else ():
+        if 0 < least < old and new > factor * least:
+            return (f"the aggregate's norm {new:.3g} is over {factor:g} times {least:.3g}, "
+                    f"the smallest of {what}"), new
+        if most > old > 0 and new * factor < most:
+            return (f"the aggregate's norm {new:.3g} is under {most:.3g} over {factor:g}, "
+                    f"the largest of {what}"), new
     return None, new
 
 
@@ -139,11 +148,15 @@ class _Floors:
         self.rounds, self.what = rounds, what
         self._recent: dict[Form, deque[float]] = {}
         self._least: dict[Form, float] = {}
+        self._most: dict[Form, float] = {}
 
-    def floors(self, form: Form) -> tuple[float | None, float | None]:
-        """The smallest of the window's values and the job's smallest (None for none)."""
+    def bounds(self, form: Form) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+        """The smallest and largest of the window's values, and of the job's (None for
+        none)."""
         recent = self._recent.get(form)
-        return (min(recent) if recent else None), self._least.get(form)
+        if not recent:
+            return None, None
+        return (min(recent), max(recent)), (self._least[form], self._most[form])
 
     def add(self, form: Form, value: float) -> None:
         # (a value of 0, a model zeroed, would otherwise switch the floors off)
@@ -152,31 +165,36 @@ class _Floors:
         if form not in self._recent and len(self._recent) >= MAX_WINDOWS:
             self._recent.clear()  # (a family whose forms never repeat keeps no history)
             self._least.clear()
+            self._most.clear()
         self._recent.setdefault(form, deque(maxlen=self.rounds)).append(value)
         self._least[form] = min(value, self._least.get(form, value))
+        self._most[form] = max(value, self._most.get(form, value))
 
     def state(self) -> list[list[Any]]:
-        """JSON-able: ``[[[name, shape], ...], [value, ...], least]`` a form."""
-        return [[[[n, list(shape)] for n, shape in form], list(values), self._least[form]]
-                for form, values in self._recent.items()]
+        """JSON-able: ``[[[name, shape], ...], [value, ...], least, most]`` a form."""
+        return [[[[n, list(shape)] for n, shape in form], list(values), self._least[form],
+                 self._most[form]] for form, values in self._recent.items()]
 
     def restore(self, state: Sequence[Any]) -> None:
         """Take back what :meth:`state` gave; ValueError (one line) if it is not that."""
         recent: dict[Form, deque[float]] = {}
         least: dict[Form, float] = {}
+        most: dict[Form, float] = {}
         try:
-            for arrays, values, smallest in state:
+            for arrays, values, smallest, largest in state:
                 form = form_of_listed(arrays)
                 kept = [float(x) for x in values][-self.rounds:]
-                if not kept or not all(math.isfinite(x) and x > 0
-                                       for x in (*kept, float(smallest))):
+                if not kept or not all(math.isfinite(x) and x > 0 for x in
+                                       (*kept, float(smallest), float(largest))):
                     raise ValueError("a value is not a finite number > 0")
                 recent[form] = deque(kept, maxlen=self.rounds)
                 least[form] = min(float(smallest), *kept)
+                most[form] = max(float(largest), *kept)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"the checkpoint's {self.what} are malformed: {exc}") from None
         self._recent = dict(list(recent.items())[-MAX_WINDOWS:])
         self._least = {form: least[form] for form in self._recent}
+        self._most = {form: most[form] for form in self._recent}
 
 
 class GrowthWindow:
@@ -186,10 +204,13 @@ class GrowthWindow:
     in the whole job. Against the last model alone, a member sending it with one value 90 x
     larger each round compounded: by round 10 an honest member's loss on it was past
     float32's range. The window slows such growth to 100 x a window; the job's bound ends it.
-    Honest models grew at most 15 x over their smallest (combinedtm in 100 rounds). Each form
-    of published arrays has its own record (a synchronized step's phases alternate). The
-    records are checkpointed (:meth:`state` / :meth:`restore`): a master resumed with them
-    empty let the same member step 100 x at once again."""
+    Shrinking is held alike (100 x under the model it replaces, the window's largest, and
+    1e4 x under the job's): a member that shrank the model 1e8 x once left every honest
+    aggregate after it past the growth bounds, for good. Honest models grew at most 15 x
+    over their smallest (combinedtm in 100 rounds) and shrank at most 2.9 x (prodlda_sync in
+    1,000). Each form of published arrays has its own record (a synchronized step's phases
+    alternate). The records are checkpointed (:meth:`state` / :meth:`restore`): a master
+    resumed with them empty let the same member step 100 x at once again."""
 
     def __init__(self, rounds: int = C.NORM_GROWTH_WINDOW) -> None:
         self._norms = _Floors(rounds, "growth windows")
@@ -200,16 +221,14 @@ class GrowthWindow:
         """:func:`aggregate_problem` with the window's and the job's floors; call
         :meth:`published` once the aggregate checked last is the model."""
         form = form_of(after)
-        window, job = self._norms.floors(form)
-        floors = []
-        if window is not None:
-            floors.append((C.NORM_GROWTH_LIMIT, window,
-                           f"the smallest of the last {C.NORM_GROWTH_WINDOW} published "
-                           f"models' (NORM_GROWTH_WINDOW)"))
-        if job is not None:
-            floors.append((C.NORM_JOB_GROWTH_LIMIT, job,
-                           "the smallest published in this job (NORM_JOB_GROWTH_LIMIT)"))
-        problem, new = _aggregate_check(before, after, C.NORM_GROWTH_LIMIT, floors)
+        window, job = self._norms.bounds(form)
+        bounds = []
+        if window is not None and job is not None:
+            bounds = [(C.NORM_GROWTH_LIMIT, *window,
+                       f"the last {C.NORM_GROWTH_WINDOW} published models' (NORM_GROWTH_WINDOW)"),
+                      (C.NORM_JOB_GROWTH_LIMIT, *job,
+                       "those published in this job (NORM_JOB_GROWTH_LIMIT)")]
+        problem, new = _aggregate_check(before, after, C.NORM_GROWTH_LIMIT, bounds, shrink=True)
         self._checked = (form, new)
         return problem
 
@@ -251,16 +270,16 @@ class DistanceHistory:
         if len(distances) >= 3:
             return out
         for w, d in distances.items():
-            window, job = self._largest.floors(forms[w])
+            window, job = self._largest.bounds(forms[w])
             if w in out or window is None or job is None or d <= 1e-6:
                 continue
-            if d > self.factor * window:
+            if d > self.factor * window[0]:
                 out[w] = (f"its distance to the model, {d:.3g}, is over {self.factor:g} times "
-                          f"{window:.3g}, the smallest of the last rounds' largest aggregated, "
-                          f"with too few updates this round to compare")
-            elif d > C.NORM_JOB_GROWTH_LIMIT * job:
+                          f"{window[0]:.3g}, the smallest of the last rounds' largest "
+                          f"aggregated, with too few updates this round to compare")
+            elif d > C.NORM_JOB_GROWTH_LIMIT * job[0]:
                 out[w] = (f"its distance to the model, {d:.3g}, is over "
-                          f"{C.NORM_JOB_GROWTH_LIMIT:g} times {job:.3g}, the smallest round's "
+                          f"{C.NORM_JOB_GROWTH_LIMIT:g} times {job[0]:.3g}, the smallest round's "
                           f"largest aggregated in this job (NORM_JOB_GROWTH_LIMIT)")
         return out
 

@@ -290,21 +290,21 @@ def test_resume_keeps_the_growth_windows(tmp_path: Path, make_config: MakeConfig
     assert not server.is_alive() and not errors, errors
     out = Path(load_config(first).output_dir)
     ckpt = Checkpoint.load(out)
-    [(form, norms, least)] = ckpt.meta["growth"]  # the mlp's one form, two models published
-    assert len(norms) == 2 and least == min(norms) > 0, (norms, least)
-    ckpt.meta["growth"] = [[form, [1e-3, *norms], 1e-3]]  # as if a smaller one had been
+    [(form, norms, least, most)] = ckpt.meta["growth"]  # the mlp's one form, two published
+    assert len(norms) == 2 and least == min(norms) > 0 and most == max(norms), (norms, least)
+    ckpt.meta["growth"] = [[form, [1e-3, *norms], 1e-3, most]]  # as if a smaller one had been
     atomic_write(out / FILENAME, ckpt.write_to)
 
     more = make_config(tmp_path, rounds=3, checkpoint_every=1, name="three.yaml")
     master = Master(load_config(more), resume=True)
     try:
-        assert master._growth.state() == [[form, [1e-3, *norms], 1e-3]]
+        assert master._growth.state() == [[form, [1e-3, *norms], 1e-3, most]]
         current = {k: np.asarray(v) for k, v in ckpt.global_arrays.items()}
         # the same model again passes against itself, but not against the window's floor
         assert master._growth.problem(current, current) is not None
     finally:
         master.close()
-    ckpt.meta["growth"] = [[form, ["NaN"], 1.0]]
+    ckpt.meta["growth"] = [[form, ["NaN"], 1.0, 1.0]]
     atomic_write(out / FILENAME, ckpt.write_to)
     with pytest.raises(RuntimeError, match="growth windows are malformed"):
         Master(load_config(more), resume=True)

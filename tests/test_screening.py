@@ -99,6 +99,30 @@ def test_growth_just_under_the_window_once_a_window_stops_at_the_jobs_bound() ->
     assert grew == 99.0**2 < C.NORM_JOB_GROWTH_LIMIT  # (a third 99 x step would pass it)
 
 
+def test_a_model_shrunk_past_the_bounds_is_not_published() -> None:
+    """One member of two sent the model times 1e-8 with a large weight: a model that small
+    kept every honest aggregate after it past the growth bounds, for the rest of the job.
+    Honest models shrank at most 1.3 x a round and 2.9 x over a job."""
+    window = screening.GrowthWindow(rounds=3)
+    model = {"w": np.ones(4)}
+    assert window.problem(model, model) is None
+    window.published()
+    refused = window.problem(model, {"w": model["w"] * 1e-8})
+    assert refused is not None and "under the model's" in refused, refused
+    assert window.problem(model, {"w": model["w"] / 2}) is None  # honest shrinking passes
+    # 99 x smaller a round for as long as a member rules the rounds: held by the window's
+    # largest, then the job's
+    shrunk = []
+    for _ in range(8):
+        step = {"w": model["w"] / 99}
+        if window.problem(model, step) is not None:
+            break
+        window.published()
+        model = step
+        shrunk.append(step)
+    assert len(shrunk) == 1  # (the window's largest: 99 x again is past 100 x under it)
+
+
 def test_weight_caps_hold_every_share_at_most_the_fraction() -> None:
     results = [ClientResult(w, {}, n) for w, n in (("w1", 2**40), ("w2", 100), ("w3", 300))]
     assert [r.n_samples for r in screening.cap_weights(results, None)] == [2**40, 100, 300]
