@@ -34,6 +34,7 @@ from common.data.shards import local_data, worker_seed
 from common.data.text import vocabulary_info
 from common.net.security import keygen
 from common.net.wire import ProtocolError
+from master import screening
 from master.server import Master
 from tests.conftest import MakeConfig, Procs, start_worker_threads, wait_for
 from tests.hostile import Hostile, RssWatch, frames, nested_lists_header
@@ -1071,6 +1072,38 @@ def test_one_of_two_members_cannot_saturate_fedadams_moments(tmp_path: Path,
     assert "too few updates" in left[0]["reason"]
     second = [v for k, v in state.items() if k.startswith("v/")]  # FedAdam's second moment
     assert second and max(float(np.abs(v).max()) for v in second) < 1.0, list(state)
+
+
+def test_one_of_two_members_cannot_shrink_the_model_out_of_reach(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """w1 of two, weighing 10,000 x w2, sent the model times 1e-8 once: the model published
+    was that small, and every honest aggregate after it was past 100 x it: refused, round
+    after round, for the rest of the job."""
+    config = _config(make_config, tmp_path, rounds=4, min_workers=2, workers=2)
+    rng = np.random.default_rng(0)
+    with _serving(config) as (master, thread, client):
+        clients = {w: client(w) for w in ("w1", "w2")}
+        for w, n in (("w1", 1_000_000), ("w2", 100)):
+            assert clients[w].code("register", {"worker_id": w, "n_samples": n,
+                                                "device": "cpu", "info": HONEST_INFO}
+                                   ) == "welcome"
+        versions = []
+        for _ in range(4):
+            rnd, version, model = _round_open(master)
+            versions.append(version)
+            for w, n in (("w1", 1_000_000), ("w2", 100)):
+                sent = ({k: a * np.float32(1e-8) for k, a in model.items()}
+                        if (w, rnd) == ("w1", 2) else
+                        {k: (a + 0.01 * rng.standard_normal(a.shape)).astype(a.dtype)
+                         for k, a in model.items()})
+                up = {"round": rnd, "version": version, "n_samples": n, "metrics": {},
+                      "worker_id": w}
+                assert clients[w].code("update", up, sent) == "ack"
+            wait_for(lambda r=rnd: master.open is None or master.open.number > r, 20,
+                     "the round to close")
+        final = {k: np.array(a) for k, a in master.family.global_.arrays.items()}
+    assert versions == [0, 1, 2, 3], versions  # every round published a model
+    assert screening.norm(final) > 0.1 * screening.norm(model), "the model was shrunk"
 
 
 def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
