@@ -213,8 +213,9 @@ ABSTAIN_LIMIT = 3
 ABSTAIN_FORGIVEN_AFTER_STEPS = 5
 #: Rounds a participant answers for one of its silent rounds to be forgiven. Forgiving them all
 #: at its next answer let a member silent two rounds in three cost every such round its
-#: deadline for the whole job; a member silent one round in four is never excluded.
-SILENCE_FORGIVEN_AFTER_ROUNDS = 3
+#: deadline for the whole job (excluded now by its fourth round); a member silent one round
+#: in three (slow, or jittery) is never excluded (at 3, it was by round 15).
+SILENCE_FORGIVEN_AFTER_ROUNDS = 2
 
 #: Senders whose refused requests the master counts (and logs, once each) by name; the rest
 #: are counted together: without CURVE a flood can make up a new name for every request.

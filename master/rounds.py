@@ -66,6 +66,10 @@ class RoundState:
     #: A member of that step was excluded since it began: the step is redone, and nobody's
     #: abstention in this round is counted.
     step_broken: bool = False
+    #: Live participants already counted silent in this round while it could not close
+    #: (``Master._count_overdue``), and how many deadlines past its own that was.
+    overdue: set[str] = field(default_factory=set)
+    overdue_periods: int = 0
     bytes_in: int = 0
     broadcast_bytes: int = 0
     publish_time: float = 0.0

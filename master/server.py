@@ -1043,6 +1043,7 @@ class Master:
                                            f"forgiven (ABSTAIN_LIMIT)")
                 return self._restart_secure(str(sa.failure))
         elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
+            self._count_overdue(rnd, now)
             return
         else:
             withheld = []
@@ -1239,6 +1240,29 @@ class Master:
         self.metrics.write("left_out", round=rnd.number, worker=worker_id, reason=why,
                            time=time.time())
 
+    def _count_overdue(self, rnd: RoundState, now: float) -> None:
+        """A round that cannot close (it needs the update of a participant alive and silent)
+        counts that participant silent at its deadline and again each ``round_deadline``
+        after, and leaves it out of the round once it is excluded: one alive but never
+        uploading held such a round open for ever, and nothing counted its silence, which
+        only a closing round did."""
+        if now < rnd.deadline:
+            return
+        periods = 1 + int((now - rnd.deadline) // self.cfg.round_deadline)
+        if periods <= rnd.overdue_periods:
+            return
+        rnd.overdue_periods = periods
+        for wid in rnd.waiting():
+            if wid in self.excluded or wid not in self.roster or not self.roster.alive(wid, now):
+                continue
+            rnd.overdue.add(wid)
+            self._silent[wid] += 1
+            if self._silent[wid] >= C.ABSTAIN_LIMIT:
+                self._exclude(wid, f"sent nothing usable in {self._silent[wid]} rounds or "
+                                   f"deadlines, not forgiven by rounds answered (ABSTAIN_LIMIT)")
+        # (out of the round: it closes with the others once min_workers counts without it)
+        rnd.participants = [w for w in rnd.participants if w not in self.excluded]
+
     def _count_silence(self, rnd: RoundState, missing: list[str]) -> None:
         """A participant alive but silent ``ABSTAIN_LIMIT`` rounds in a row, or that abstains
         that many times with no step completed in between, is excluded: a step of several
@@ -1247,7 +1271,8 @@ class Master:
         silent = [w for w in missing if w in self.roster and self.roster.alive(w, now)]
         for wid in rnd.participants:
             if wid in silent:
-                self._silent[wid] += 1
+                if wid not in rnd.overdue:  # (counted already while the round waited)
+                    self._silent[wid] += 1
             elif self._silent[wid] > 0:
                 self._rounds_since_forgiven[wid] += 1
                 if self._rounds_since_forgiven[wid] >= C.SILENCE_FORGIVEN_AFTER_ROUNDS:
