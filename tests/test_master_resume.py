@@ -237,6 +237,18 @@ def test_a_master_that_dies_at_its_end_is_resumed_with_the_reports_it_had(
     assert all(r["federated_macro_f1"] is not None for r in after["comparison"])
 
 
+def _two_rounds_checkpointed(tmp_path: Path, make_config: MakeConfig) -> tuple[Path, Any]:
+    """A two-round job run to its end, checkpointing each round: its folder and checkpoint."""
+    from master.checkpoint import Checkpoint
+
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(load_config(first).output_dir)
+    return out, Checkpoint.load(out)
+
+
 def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
                                                        make_config: MakeConfig) -> None:
     """summary.json after a resume used to say `excluded: {}` and count refusals from zero:
@@ -245,14 +257,9 @@ def test_resume_remembers_who_was_excluded_and_refused(tmp_path: Path,
     import json
 
     from common.atomic import atomic_write
-    from master.checkpoint import FILENAME, Checkpoint
+    from master.checkpoint import FILENAME
 
-    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
-    _, server, _, errors = _run(first)
-    server.join(timeout=120)
-    assert not server.is_alive() and not errors, errors
-    out = Path(load_config(first).output_dir)
-    ckpt = Checkpoint.load(out)
+    out, ckpt = _two_rounds_checkpointed(tmp_path, make_config)
     assert ckpt.meta["excluded"] == {}
     ckpt.meta["excluded"] = {"w9": "sent a poisoned update"}  # as a run would have
     ckpt.meta["refused"] = {"w9": {"bad_field": 3}}
@@ -282,14 +289,9 @@ def test_resume_keeps_the_growth_windows(tmp_path: Path, make_config: MakeConfig
     """A master resumed with empty growth windows held the next aggregate to 100 x the model
     it replaced alone: the member that had just stepped 99 x could step 99 x again."""
     from common.atomic import atomic_write
-    from master.checkpoint import FILENAME, Checkpoint
+    from master.checkpoint import FILENAME
 
-    first = make_config(tmp_path, rounds=2, checkpoint_every=1, name="two.yaml")
-    _, server, _, errors = _run(first)
-    server.join(timeout=120)
-    assert not server.is_alive() and not errors, errors
-    out = Path(load_config(first).output_dir)
-    ckpt = Checkpoint.load(out)
+    out, ckpt = _two_rounds_checkpointed(tmp_path, make_config)
     [(form, norms, least, most)] = ckpt.meta["growth"]  # the mlp's one form, two published
     assert len(norms) == 2 and least == min(norms) > 0 and most == max(norms), (norms, least)
     ckpt.meta["growth"] = [[form, [1e-3, *norms], 1e-3, most]]  # as if a smaller one had been
