@@ -95,6 +95,38 @@ def _label(run_dir: Path) -> str:
     return f"{cfg.family} {'(its own rule)' if name == 'its own rule' else name}"
 
 
+#: Line styles of the runs compared in one figure, in turn with their colours.
+STYLES = ("-", "--", ":", "-.")
+
+
+def _differences(groups: list[str]) -> list[str] | None:
+    """For groups of runs (each its :func:`_seedless` configuration), the settings in which
+    they differ, as ``key=value`` per group; None where they are too many to read (over 3)
+    or a configuration is unknown."""
+    import json
+
+    flats: list[dict[str, str]] = []
+    for text in groups:
+        try:
+            raw = json.loads(text)
+        except ValueError:  # (a run without its config: its path)
+            return None
+        flat: dict[str, str] = {}
+
+        def walk(value: object, key: str, flat: dict[str, str] = flat) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(v, f"{key}.{k}" if key else str(k))
+            else:
+                flat[key] = json.dumps(value, default=str)
+        walk(raw, "")
+        flats.append(flat)
+    keys = sorted({k for f in flats for k in f if len({g.get(k) for g in flats}) > 1})
+    if not keys or len(keys) > 3:
+        return None
+    return [", ".join(f"{k}={f.get(k, '-')}" for k in keys) for f in flats]
+
+
 def _seed(run_dir: Path) -> object:
     cfg = _config(run_dir)
     return run_dir if cfg is None else cfg.seed  # unknown: counted apart
@@ -156,13 +188,19 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
         groups: dict[str, list[Path]] = defaultdict(list)
         for d in dirs:
             groups[_seedless(d)].append(d)
+        # Runs of one family and strategy told apart by what differs in their configs
+        # (model.lr=0.01), not by run ids alone.
+        alike = len(groups) > 1 and len({_label(m) for g in groups.values() for m in g}) == 1
+        differ = _differences(list(groups)) if alike else None
         for i, members in enumerate(groups.values()):
             # Copies of one run (the same seed) are runs, not seeds.
             seeds = len({_seed(m) for m in members})
             name = _label(members[0]) + ("" if len(members) == 1 else
                                          f" ({len(members)} seeds)" if seeds == len(members)
                                          else f" ({len(members)} runs, {seeds} seed(s))")
-            if len(groups) > 1 and len({_label(m) for g in groups.values() for m in g}) == 1:
+            if alike and differ is not None:
+                name = differ[i] + name[len(_label(members[0])):]
+            elif alike:
                 # same family and strategy; a history link (runs/latest) by its run's name
                 name = ", ".join(m.resolve().name for m in members)
             means = [_mean_curve(data[m]["per_worker"]) for m in members
@@ -171,7 +209,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
                 xs = sorted(set.intersection(*(set(x) for x, _ in means)))
                 ys = np.array([[dict(zip(x, y, strict=True))[r] for r in xs] for x, y in means])
                 score = data[members[0]]["score"]
-                ax_s.plot(xs, ys.mean(0), lw=2, color=f"C{i}",
+                # (a line style each: runs that give the same curve hid each other)
+                ax_s.plot(xs, ys.mean(0), lw=2, color=f"C{i}", linestyle=STYLES[i % len(STYLES)],
                           label=f"{name}: {score[1]}" if mixed and score else name,
                           marker="o" if len(xs) == 1 else None)
                 if len(means) > 1:
@@ -181,7 +220,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
             if n:
                 d = np.array([c["duration"][:n] for c in durs])
                 xs = durs[0]["round"][:n]
-                ax_t.plot(xs, d.mean(0), color=f"C{i}", marker=".", label=name)
+                ax_t.plot(xs, d.mean(0), color=f"C{i}", linestyle=STYLES[i % len(STYLES)],
+                          marker=".", label=name)
                 if len(durs) > 1:
                     ax_t.fill_between(xs, d.min(0), d.max(0), color=f"C{i}", alpha=0.2)
     ax_s.set_title("Global model on each worker's test split")

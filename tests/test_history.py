@@ -283,6 +283,29 @@ def test_a_run_that_scored_no_round_is_drawn_with_its_final_scores(tmp_path: Pat
     assert png.stat().st_size > 10_000
 
 
+def test_runs_of_one_family_and_strategy_are_told_apart_by_what_differs(tmp_path: Path
+                                                                         ) -> None:
+    """Compared runs of one family and strategy were labelled by their run ids alone (and
+    drawn alike: the same curve hid the other): the legend names what differs."""
+    from fedctl.plots import _differences, _label, _seedless, plot_runs
+
+    runs = []
+    for name, lr, seed in (("a", 0.01, 0), ("b", 0.1, 0), ("c", 0.1, 1)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "cluster.yaml").write_text(
+            f"workers: [w1]\nmodel: {{family: mlp, lr: {lr}}}\nseed: {seed}\n"
+            f"data: {{path: {tmp_path / 'docs.jsonl'}}}\n")
+        events = [{"event": "round", "round": r, "duration_s": 0.2, "overhead_s": 0.05,
+                   "mean_macro_f1": 0.5} for r in (1, 2)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        runs.append(run)
+    assert {_label(r) for r in runs} == {"mlp fedavg"}
+    groups = sorted({_seedless(r) for r in runs})  # b and c: two seeds of one setting
+    assert sorted(_differences(groups) or []) == ["model.lr=0.01", "model.lr=0.1"]
+    assert plot_runs(runs, tmp_path / "compared.png").stat().st_size > 10_000
+
+
 def test_show_tells_a_failed_runs_story_without_a_model(tmp_path: Path) -> None:
     """`fedctl show` of a failed run said only "no model.npz": its job, the rounds it did,
     why it failed and how to go on were all in the folder."""
