@@ -626,8 +626,21 @@ _register_subcommands()
 def _exit_interrupted() -> NoReturn:
     """Exit 130 after a Ctrl-C, another Ctrl-C ignored meanwhile: the interpreter's teardown
     puts SIGINT's default action back, and one arriving then ended the command killed by the
-    signal instead (seen once in a few dozen runs interrupted in their first second)."""
+    signal instead (seen once in a few dozen runs interrupted in their first second). In a
+    process of its own, without that teardown, as :func:`_end` does: freeing a library whose
+    threads were cut off mid-work (`fedctl data embed` interrupted while embedding) once
+    ended the command by SIGSEGV after its "Error: interrupted"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _OWN_PROCESS:
+        import atexit
+
+        atexit._run_exitfuncs()  # logging's, the trackers', multiprocessing's (its children)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can reach it anyway
+                pass
+        os._exit(128 + signal.SIGINT)
     sys.exit(128 + signal.SIGINT)
 
 
