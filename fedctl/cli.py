@@ -80,7 +80,6 @@ def _end() -> None:
     for, under a profiler or tracer, which writes its results then, and where :func:`main` was
     called from other code rather than as the command (:func:`entry`).
     """
-    import atexit
     import threading
 
     main_thread = threading.main_thread()
@@ -90,13 +89,22 @@ def _end() -> None:
             or any(t.is_alive() and not t.daemon for t in threading.enumerate()
                    if t is not main_thread)):
         return
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` without the interpreter's teardown, after what it would still do for
+    us: the exit handlers (logging's, the trackers', multiprocessing's) and the streams'
+    flush."""
+    import atexit
+
     atexit._run_exitfuncs()  # public since Python 2 in all but name; logging.shutdown is one
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can reach it anyway
             pass
-    os._exit(0)
+    os._exit(code)
 
 
 _config = click.option("--config", "-c", default="cluster.yaml", show_default=True,
@@ -632,15 +640,7 @@ def _exit_interrupted() -> NoReturn:
     ended the command by SIGSEGV after its "Error: interrupted"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _OWN_PROCESS:
-        import atexit
-
-        atexit._run_exitfuncs()  # logging's, the trackers', multiprocessing's (its children)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe: nothing more can reach it anyway
-                pass
-        os._exit(128 + signal.SIGINT)
+        _exit_now(128 + signal.SIGINT)
     sys.exit(128 + signal.SIGINT)
 
 
