@@ -112,6 +112,9 @@ class SecureRound:
         self.failure: str | None = None
         # (revealer, owner): a share revealed that is not on the owner's polynomial
         self.forged: set[tuple[str, str]] = set()
+        #: The member whose secret its shares did not open (the round failed for it), and how
+        #: many members revealed shares of it.
+        self.unopened: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ who is where
     @property
@@ -270,9 +273,11 @@ class SecureRound:
         group = set(self.graph[worker]) | {worker}
         want_b = {v for v in group if v in self.inputs}
         want_s = {v for v in group if v in self.shares and v not in self.inputs}
-        if set(seeds) != want_b or set(keys) != want_s:
-            raise ProtocolError(f"secagg: {worker}'s reveal must hold seed shares of "
-                                f"{sorted(want_b)} and key shares of {sorted(want_s)}",
+        # Never both shares of one member (its seed's and its mask key's would unmask its
+        # input). One may be missing: a share that did not decrypt was never held.
+        if not set(seeds) <= want_b or not set(keys) <= want_s:
+            raise ProtocolError(f"secagg: {worker}'s reveal may hold seed shares of "
+                                f"{sorted(want_b)} and key shares of {sorted(want_s)} only",
                                 code=errors.BAD_FIELD)
         for v in (*seeds.values(), *keys.values()):
             _bytes(v, shamir.SHARE_BYTES, "a share")
@@ -331,6 +336,7 @@ class SecureRound:
             if secret is None:
                 what = "seed do not open what it committed to" if kind == 0 else \
                     "mask key do not open its public key"
+                self.unopened = (owner, len(held))
                 return self._fail(f"the shares of {owner}'s {what}: fewer than the threshold "
                                   f"({self.threshold}) are genuine")
             if kind == 0:

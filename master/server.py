@@ -991,6 +991,25 @@ class Master:
             self.family.secure_size(), n_max, rnd.deadline,
             self.cfg.seed, attempt, bits=bits, clip=clip)
 
+    def _leave_out_unopened(self, rnd: RoundState, owner: str, revealers: int,
+                            threshold: int) -> None:
+        """The next attempt goes on without a member whose secret its shares did not open:
+        with it, every attempt failed the same way (a commitment to another seed did). It
+        counts as silent only where more than ``threshold`` members revealed shares of it, so
+        that one forged share among them could not have caused it (:meth:`SecureRound._open`
+        finds the others); with fewer, its revealer or it may be the one not honest."""
+        rnd.participants = [w for w in rnd.participants if w != owner]
+        blamed = revealers > threshold
+        log.warning("round %d: %s is left out of the next attempt: its shares did not open its "
+                    "secret%s", rnd.number, owner,
+                    f" ({revealers} members revealed them; counted as silent)" if blamed else
+                    f" (only {revealers} members revealed them: unverified who is not honest)")
+        if blamed:
+            self._silent[owner] += 1
+            if self._silent[owner] >= C.ABSTAIN_LIMIT and owner not in self.excluded:
+                self._exclude(owner, f"its shares did not open its secret {self._silent[owner]} "
+                                     f"times, not forgiven (ABSTAIN_LIMIT)")
+
     def _restart_secure(self, why: str) -> None:
         """Begin the open secure round again: what its workers sent is dropped (only the sum
         is ever applied, so nothing is applied twice); they see the new attempt in the
@@ -1041,6 +1060,8 @@ class Master:
                     if self._silent[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:
                         self._exclude(wid, f"revealed no shares {self._silent[wid]} times, not "
                                            f"forgiven (ABSTAIN_LIMIT)")
+                if sa.unopened is not None:
+                    self._leave_out_unopened(rnd, *sa.unopened, threshold=sa.threshold)
                 return self._restart_secure(str(sa.failure))
         elif not may_close(rnd, self.roster, self.cfg.min_workers, now):
             self._count_overdue(rnd, now)

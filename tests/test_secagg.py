@@ -676,3 +676,4 @@ def test_one_forged_share_at_any_point_is_found_among_many_workers(n: int) -> No
         opened = sr._open("w02", shares,
                           lambda s: hashlib.sha256(s).digest() == hashlib.sha256(secret).digest())
         assert opened == secret and sr.forged == {(names[forger - 1], "w02")}
+

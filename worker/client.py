@@ -48,7 +48,6 @@ from common.net.transport import (
 from common.net.wire import Message, ProtocolError
 from common.privacy.dp import clip_update
 from common.runlog import RoundLines
-from common.secagg.crypto import ShareDecryptionError
 from worker import devices
 from worker.families import ClientFamily, make_client_family
 from worker.secagg import SecAggError, SecureUpload
@@ -576,7 +575,7 @@ class Worker:
                 return
             # Too late (the round closed at its deadline) or refused: move on to the next one.
             log.warning("round %d: update not accepted: %s", rnd, exc)
-        except (SecAggError, ShareDecryptionError) as exc:
+        except SecAggError as exc:
             log.warning("round %d: secure aggregation: %s; this worker sits the round out",
                         rnd, exc)
         self.last_round = rnd

@@ -109,8 +109,16 @@ class SecureUpload:
             if u not in self.peers:
                 raise SecAggError(f"round {rnd}: a share from {u}, not a neighbour")
             key = P.share_key(self.c_key, self.peers[u][0], self.context, self.worker_id, u)
-            self.held[u] = P.unpack_share(crypto.decrypt(
-                key, ct, P.share_associated(self.context, u, self.worker_id)))
+            try:
+                self.held[u] = P.unpack_share(crypto.decrypt(
+                    key, ct, P.share_associated(self.context, u, self.worker_id)))
+            except crypto.ShareDecryptionError as exc:
+                # Sitting the round out here let one member get any other counted silent
+                # until excluded, by corrupting one share. The pair's mask needs no share, so
+                # this worker goes on; it only has nothing of u's to reveal, and the others'
+                # shares (u's own among them) open u's secrets where there are enough.
+                log.warning("round %d: secure aggregation: from %s, %s; going on without it "
+                            "(%s may not be honest)", rnd, u, exc, u)
         # 3. the masked input, with the neighbours that shared (those the master can unmask)
         pair_keys = {v: P.mask_key(self.s_key, self.peers[v][1], self.context,
                                    self.worker_id, v) for v in inbox}

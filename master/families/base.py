@@ -124,6 +124,17 @@ class ServerFamily(ABC):
             raise ValueError(f"the weights sum to {weights:.6g}, not the {weights_sent:.6g} "
                              f"the members' declared documents give: a member's weight was "
                              f"forged")
+        # Each member sends r * clip(change) beside r * clip, so no coordinate of an honest
+        # sum passes clip times the weights. A ring value past what quantization gives (the
+        # sum wraps modulo 2^b) let one member set a coordinate anywhere within the members'
+        # whole range, sign included: refused rather than averaged.
+        coordinates = np.asarray(total)[:-1]
+        if coordinates.size:
+            largest = max(float(coordinates.max()), -float(coordinates.min()))
+            if largest > sa.clip * (weights + tolerance):
+                raise ValueError(f"a coordinate of the secure sum is {largest:.4g}, past the "
+                                 f"{sa.clip * weights:.4g} the clipping range ({sa.clip:g}) "
+                                 f"times the weights allows: a member's input was forged")
         return average
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

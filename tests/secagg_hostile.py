@@ -1,0 +1,82 @@
+"""A member that cheats in a secure round, for tests only: honest in every stage but one.
+
+``--forge`` names what it forges:
+
+* ``share:W``: the share it encrypts for worker W has one byte flipped, so that W cannot
+  decrypt it (W sat every round out, and was counted silent until excluded);
+* ``commitment``: it commits to a hash of random bytes, not of its seed, so its seed's shares
+  never open what it committed to (every attempt of every round failed);
+* ``ring``: the first coordinates of its quantized input are past the largest level a value
+  within the clipping range gives, so that the ring sum wraps (a coordinate moved beyond
+  the clip, in a direction of its choosing).
+
+Run it as its own process, like ``fedctl worker``::
+
+    python -m tests.secagg_hostile --config cluster.yaml --id w1 --forge commitment
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import types
+from typing import Any
+
+import numpy as np
+
+#: Coordinates the ``ring`` forgery moves.
+RING_COORDINATES = 5
+
+
+def hostile_worker(cfg: Any, worker_id: str, forge: str) -> Any:
+    """A :class:`worker.client.Worker` that forges what ``forge`` names (module docstring)."""
+    import worker.secagg as secagg
+    from worker.client import Worker
+
+    if forge.startswith("share:"):
+        victim = forge.split(":", 1)[1].encode()
+        honest_encrypt = secagg.crypto.encrypt
+
+        def encrypt(key: bytes, message: bytes, associated: bytes) -> bytes:
+            out = honest_encrypt(key, message, associated)
+            if associated.endswith(b"|to:%d:%s" % (len(victim), victim)):
+                out = out[:-1] + bytes([out[-1] ^ 1])
+            return out
+
+        secagg.crypto = types.SimpleNamespace(**{**vars(secagg.crypto), "encrypt": encrypt})
+    elif forge == "commitment":
+        secagg.hashlib = types.SimpleNamespace(
+            sha256=lambda data=b"": hashlib.sha256(os.urandom(32)))
+    elif forge == "ring":
+        honest_quantize = secagg.quantize
+
+        def quantize(values: np.ndarray, clip: float, n_levels: int, bits: int = 32
+                     ) -> np.ndarray:
+            q = honest_quantize(values, clip, n_levels, bits).copy()
+            q[:RING_COORDINATES] = (len(cfg.workers) + 1) * n_levels // 2
+            return q
+
+        secagg.quantize = quantize
+    else:
+        raise ValueError(f"unknown forgery {forge!r}")
+    return Worker(cfg, worker_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--id", dest="worker_id", required=True)
+    parser.add_argument("--forge", required=True, help="share:W, commitment or ring")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: "
+                        "%(message)s")
+    from common.config import load_config
+
+    hostile_worker(load_config(args.config), args.worker_id, args.forge).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

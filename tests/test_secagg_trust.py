@@ -1,0 +1,108 @@
+"""A member cheating in a secure round (tests/secagg_hostile.py): a share it corrupts, a
+commitment to another seed, a ring value past the top level. Real processes over TCP
+loopback; each cheat was reproduced against the master before it was mended."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import constants as C
+from fedctl.launch import child_env
+from tests.conftest import ROOT, MakeConfig, Procs, events
+from tests.test_secagg import FAST
+
+
+def _hostile(procs: Procs, config: Path, worker: str, forge: str) -> subprocess.Popen:
+    with open(procs.logs / f"{worker}.log", "wb") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "tests.secagg_hostile", "--config",
+                              str(config), "--id", worker, "--forge", forge], cwd=ROOT,
+                             env=child_env(procs.cache_dir), stdout=fh, stderr=subprocess.STDOUT)
+    procs.procs[worker] = p
+    return p
+
+
+def _hostile_job(tmp_path: Path, make_config: MakeConfig, rounds: int) -> Path:
+    return make_config(tmp_path, workers=3, rounds=rounds, min_workers=2,
+                       privacy={"secure_aggregation": {"threshold": 2}},
+                       **{**FAST, "model": {"family": "mlp", "hidden": 32}})
+
+
+@pytest.mark.slow
+def test_a_member_corrupting_anothers_share_gets_no_one_excluded(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """w1 flips a byte of the share it sends w2. w2 sat every round out for it, was waited
+    for SECAGG_STAGE_TIMEOUT (60 s) a round and counted silent: excluded in round 3, w1 never
+    named. w2 now goes on without that share (its pair mask with w1 needs none), and w1's seed
+    opens from the shares of w1 and w3."""
+    cfg = _hostile_job(tmp_path, make_config, rounds=3)
+    procs.master(cfg)
+    for w in ("w2", "w3"):
+        procs.worker(cfg, w)
+    _hostile(procs, cfg, "w1", "share:w2")
+    codes = procs.wait_all(timeout=240)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    out = tmp_path / "out"
+    assert [(e["round"], e["survivors"]) for e in events(out, "secagg")] == [
+        (r, ["w1", "w2", "w3"]) for r in (1, 2, 3)]
+    assert not json.loads((out / "summary.json").read_text()).get("excluded")
+    said = procs.log("w2")
+    assert "secure aggregation: from w1, the share does not decrypt" in said, said
+    assert "sits the round out" not in said
+    durations = [e["duration_s"] for e in events(out, "round") if e.get("duration_s")]
+    assert max(durations) < C.SECAGG_STAGE_TIMEOUT / 2, durations
+
+
+@pytest.mark.slow
+def test_a_member_committing_to_another_seed_is_left_out_then_excluded(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """w1 commits to the hash of random bytes: its seed's shares never open the commitment,
+    and every attempt of every round failed (nothing was trained, no one named). The next
+    attempt now goes on without it, and since three members revealed its shares (more than
+    the threshold, 2: one forger among them could not have caused it) it counts as silent,
+    excluded at ABSTAIN_LIMIT."""
+    cfg = _hostile_job(tmp_path, make_config, rounds=C.ABSTAIN_LIMIT + 1)
+    procs.master(cfg)
+    for w in ("w2", "w3"):
+        procs.worker(cfg, w)
+    w1 = _hostile(procs, cfg, "w1", "commitment")
+    w1.wait(timeout=240)
+    del procs.procs["w1"]
+    codes = procs.wait_all(timeout=240)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    out = tmp_path / "out"
+    applied = events(out, "secagg")
+    assert [(e["round"], e["survivors"]) for e in applied] == [
+        (r, ["w2", "w3"]) for r in range(1, C.ABSTAIN_LIMIT + 2)]
+    restarts = events(out, "secagg_restart")
+    assert [e["round"] for e in restarts] == list(range(1, C.ABSTAIN_LIMIT + 1))
+    assert all("w1's seed do not open" in e["reason"] for e in restarts)
+    excluded = json.loads((out / "summary.json").read_text()).get("excluded", {})
+    assert list(excluded) == ["w1"] and "did not open its secret" in excluded["w1"], excluded
+    assert "w1 is left out of the next attempt" in procs.log("master")
+
+
+@pytest.mark.slow
+def test_a_ring_value_past_the_clip_is_refused_not_averaged(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """w1's quantized input is past the top level in a few coordinates: the ring sum wraps,
+    and each such coordinate of the average moved by about 9 where the clip (8) and the
+    weights (2.6) allowed 3, its sign w1's to choose. No honest sum passes clip times its
+    weights: refused, the model stays as it was, and after SECAGG_MAX_REFUSED_SUMS such
+    rounds the job ends saying how to find whose updates they are."""
+    cfg = _hostile_job(tmp_path, make_config, rounds=C.SECAGG_MAX_REFUSED_SUMS + 1)
+    procs.master(cfg)
+    for w in ("w2", "w3"):
+        procs.worker(cfg, w)
+    _hostile(procs, cfg, "w1", "ring")
+    codes = procs.wait_all(timeout=240)
+    assert codes["master"] != 0, procs.logs_tail()
+    out = tmp_path / "out"
+    assert not events(out, "secagg")  # nothing applied
+    said = procs.log("master")
+    assert "a coordinate of the secure sum is" in said and "was forged" in said, said
+    assert f"the last {C.SECAGG_MAX_REFUSED_SUMS} secure sums could not be applied" in said
