@@ -279,6 +279,19 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def exit_reason(code: int | None) -> str:
+    """An exit status as a user reads it: a negative one is the signal that killed the
+    process, named (-9 alone said nothing of the out-of-memory killer)."""
+    if code is None or code >= 0:
+        return str(code)
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return str(code)
+    why = {"SIGKILL": ": out of memory, or kill -9", "SIGSEGV": ": a crash in native code"}
+    return f"{code} (killed by {name}{why.get(name, '')})"
+
+
 class LocalCluster:
     """One job's processes on this machine.
 
@@ -371,8 +384,8 @@ class LocalCluster:
         return any(p.poll() is None for p in self.procs.values())
 
     def failure_report(self, names: list[str], n: int = 8) -> str:
-        return "\n".join(f"{name} exited with code {self.procs[name].returncode}:\n"
-                         f"{tail(self.logs / f'{name}.log', n)}" for name in names)
+        return "\n".join(f"{name} exited with code {exit_reason(self.procs[name].returncode)}:"
+                         f"\n{tail(self.logs / f'{name}.log', n)}" for name in names)
 
     def stop(self) -> None:
         """Terminate what still runs; kill what does not stop within the grace period."""

@@ -369,9 +369,14 @@ def _moved_to(staging: Path, failed: Path, quiet: bool = False) -> None:
         log.error("it ran to its end: %s; change the config and run it again", ended)
     elif diverged is not None:  # resumed, it would diverge again
         log.error("%s; change the config and run it again", diverged)
-    elif (failed / "checkpoint.npz").is_file() and config.is_file():
-        log.error("its checkpoint is kept: continue with `fedctl master --config %s --resume` "
-                  "and its workers (`fedctl worker --config %s --id <w>`)", config, config)
+    else:
+        if (failed / "model.npz").is_file():  # written once training is over
+            log.error("training was over: its model is kept (`fedctl predict %s FILE`); its "
+                      "comparison was not finished", failed)
+        if (failed / "checkpoint.npz").is_file() and config.is_file():
+            log.error("its checkpoint is kept: continue with `fedctl master --config %s "
+                      "--resume` and its workers (`fedctl worker --config %s --id <w>`)",
+                      config, config)
 
 
 #: How a worker's log says its training diverged (worker.client's line).
@@ -432,7 +437,7 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
         log.info("started master and %d worker(s); logs in %s", len(cfg.workers), cluster.logs)
         bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", disable=not progress,
                    dynamic_ncols=True)
-        code = _follow(cluster, metrics_path, bar)
+        code = _follow(cluster, metrics_path, bar, cfg.baselines)
     except KeyboardInterrupt:
         log.warning("interrupted (Ctrl-C): stopping the master and workers")
         code = 130
@@ -454,12 +459,24 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     return code
 
 
-def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm) -> int:
+def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm, baselines: bool = True
+            ) -> int:
     """Advance the bar round by round until every process has exited; 1 if one failed."""
     tail = MetricsTail(metrics_path)
     while True:
         time.sleep(POLL_S)
-        for e in (e for e in tail.new_events() if e["event"] == "round"):
+        for e in tail.new_events():
+            if e["event"] == "training_done":
+                # The baselines may take longer than the training: say what the wait is for.
+                said = ("training done, model saved; now the workers' final reports"
+                        + (", their local-only baselines and the centralized one"
+                           if baselines else ""))
+                if bar.disable:
+                    log.info("%s", said)
+                with contextlib.suppress(OSError):
+                    bar.set_postfix_str(said)
+            if e["event"] != "round":
+                continue
             f1 = e.get("mean_macro_f1")  # of the model the round started from
             said = ([f"F1 at round start {f1:.3f}"] if f1 is not None else []) + [
                 f"{1000 * e['overhead_s']:.1f} ms overhead"]

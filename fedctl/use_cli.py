@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import click
 
+from common import constants as C
 from common.atomic import atomic_write_bytes
 from common.data.reading import TABLE_DELIMITERS, read_table, text_problem
 from fedctl.errors import fail
@@ -393,7 +394,11 @@ def plot(runs: tuple[str, ...], output: str, title: str | None) -> None:
 
     for r in runs:
         if not (Path(r) / "metrics.jsonl").is_file():
-            fail(FileNotFoundError(f"{r}: no metrics.jsonl (not a fedctl run)"))
+            note = Path(r) / C.FAILED_NOTE
+            fail(FileNotFoundError(
+                f"{r}: a run that failed before it recorded anything, nothing to draw "
+                f"({note.read_text(errors='replace').strip()[:200]})" if note.is_file()
+                else f"{r}: no metrics.jsonl (not a fedctl run)"))
     kinds = FigureCanvasBase.get_supported_filetypes()
     suffix = Path(output).suffix.lstrip(".").lower()
     if suffix not in kinds:

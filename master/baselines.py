@@ -13,7 +13,7 @@ One function per family; a plug-in family supplies its own by overriding
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +47,29 @@ def simulation_baselines(family: ServerFamily) -> Baselines | None:
         if isinstance(family, cls):
             return make(family)
     return family.simulation_baselines()
+
+
+def simulation_mismatch(cfg: Any, reports: Mapping[str, Any]) -> str | None:
+    """Why the simulation's split of ``data.path`` is not what this run's workers trained on
+    (``reports``: the registered workers' final reports), or None: a configured worker that
+    never joined would have its documents pooled, and one started with ``--data`` of its own
+    reports other sizes than its share's. Baselines from the split would then compare the
+    federated model with data it never saw."""
+    absent = sorted(w.name for w in cfg.workers if w.name not in reports)
+    if absent:
+        return (f"{', '.join(absent)} never joined, and the pooled data would hold "
+                f"{'its' if len(absent) == 1 else 'their'} share")
+    for w in cfg.workers:
+        report = reports[w.name]
+        if not report:
+            continue
+        shard = local_data(cfg, w.name)
+        sizes = (report.get("n_train"), report.get("n_test"))
+        if sizes != (shard.n_train, len(shard.test_index)):
+            return (f"{w.name} trained on {sizes[0]} documents and tested on {sizes[1]}, not "
+                    f"its share of data.path ({shard.n_train} and {len(shard.test_index)}): "
+                    f"data of its own (`fedctl worker --data`)")
+    return None
 
 
 def _rows(y: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:

@@ -1,8 +1,9 @@
 """The job's final outputs: the model, the comparison table and the summary.
 
-Written once, at the end, each file atomically: ``model.npz`` and ``model.json`` (the final
-global parameters and what they are), ``comparison.md`` / ``comparison.json`` (local-only vs
-federated vs centralized, :mod:`master.report`) and ``summary.json``.
+Each file written atomically: ``model.npz`` and ``model.json`` (the final global parameters
+and what they are) as soon as training is over, and again at the end; then
+``comparison.md`` / ``comparison.json`` (local-only vs federated vs centralized,
+:mod:`master.report`) and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -84,18 +85,24 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     """The comparison table (with the simulation's baselines when ``baselines``) and
     ``summary.json`` (``run``'s fields, the comparison, ``errors_served``); returns the
     summary and the table."""
-    sim = None
+    sim, mismatch = None, None
     if baselines:
-        log.info("training the centralized baseline on the pooled data")
-        from master.baselines import simulation_baselines  # the models: only at the end
+        # the models: only at the end
+        from master.baselines import simulation_baselines, simulation_mismatch
 
         try:
-            sim = simulation_baselines(family)
+            if simulated(family.cfg):
+                mismatch = simulation_mismatch(family.cfg, reports)
+            if mismatch is None:
+                log.info("training the centralized baseline on the pooled data")
+                sim = simulation_baselines(family)
+            else:
+                log.info("no centralized baseline: %s", mismatch)
         except Exception as exc:  # a baseline must not cost the run its summary and table
             log.error("the baselines failed, the table's baseline columns are n/a: %s: %s",
                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             sim = {}
-        if sim is None:
+        if sim is None and mismatch is None:
             log.info("%s has no centralized baseline here (a real deployment, or a family "
                      "without one): the table's centralized columns are n/a", family.name)
     no_centralized = baselines and sim is None
@@ -103,7 +110,8 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
     rows = comparison_rows(reports, sim.get("centralized"))
     table = format_table(rows, sim.get("pooled"))
     if no_centralized:  # say why the columns are n/a, in the table a user reads
-        table += ("\n\nCentralized: n/a: the workers' documents are not all on this machine."
+        table += (f"\n\nCentralized: n/a: {mismatch}." if mismatch is not None else
+                  "\n\nCentralized: n/a: the workers' documents are not all on this machine."
                   if not simulated(family.cfg) else
                   f"\n\nCentralized: n/a: {family.name} has no centralized baseline (the "
                   f"local-only and federated models are compared).")

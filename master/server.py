@@ -190,6 +190,7 @@ class Master:
         self._announced_at = -float("inf")
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
+        self._rejoin_until = 0.0  # resumed after training: the workers' time to come back
         # Went back to a checkpoint, and its first round has not closed: requests of rounds past
         # it were sent to the master that died (not counted as the workers' refusals).
         self._resumed = False
@@ -801,7 +802,7 @@ class Master:
             # Wait for every live worker's report (a local-only baseline may take long), not
             # for a dead one, and never past report_timeout.
             waiting = [w.worker_id for w in self.workers.values() if w.report is None]
-            live = [w for w in waiting if self.roster.alive(w, now)]
+            live = [w for w in waiting if self.roster.alive(w, now) or now < self._rejoin_until]
             if not live or now >= self._report_deadline:
                 if waiting:
                     log.warning("no final report from %s%s", ", ".join(waiting),
@@ -1321,6 +1322,7 @@ class Master:
         if last:
             self.phase = REPORTING
             self._report_deadline = time.monotonic() + self.cfg.report_timeout
+            self._training_over()
             send(self.pub, M.SHUTDOWN, {"run_id": self.run_id, "version": self.version},
                  topic=M.TOPIC_SHUTDOWN)
             self._announce()
@@ -1421,7 +1423,10 @@ class Master:
         if self.family.budget_spent(done) or self.family.finished():
             self.round, self.phase = done, REPORTING
             self._report_deadline = now + self.cfg.report_timeout
+            # The workers restart by hand after it: each has join_timeout to come back.
+            self._rejoin_until = now + self.cfg.join_timeout
             self._restore_reports()
+            self._training_over()
         else:
             self.round, self.phase = done + 1, TRAINING
         self.metrics.write("resume", run_id=self.run_id, completed_round=done,
@@ -1430,6 +1435,12 @@ class Master:
         self._cpu_mark = time.process_time()
         log.info("resumed job %s after round %d (model version %d)", self.run_id, done,
                  self.version)
+        if self.phase == REPORTING:
+            owed = sorted(w for w, ws in self.workers.items() if ws.report is None)
+            if owed:
+                log.info("training was over: waiting up to join_timeout (%gs) for the final "
+                         "reports of %s (start them: `fedctl worker --id <w>`)",
+                         self.cfg.join_timeout, ", ".join(owed))
 
     def _round_events(self, rnd: RoundState, aggregate_time: float, missing: list[str]
                       ) -> list[dict[str, Any]]:
@@ -1463,6 +1474,14 @@ class Master:
                 r["slowest_train_s"], 1000 * r["overhead_s"],
                 f", global macro-F1 at round start {r['mean_macro_f1']:.3f}"
                 if r["mean_macro_f1"] is not None else "")
+
+    def _training_over(self) -> None:
+        """The model written as soon as training is over: the reports and baselines after it
+        may take minutes, and a job stopped meanwhile kept nothing of what it trained."""
+        self._checkpoints.flush()  # the last round's events before this one
+        write_model(self.out, self.family, self.cfg, self.round, self.version, self.run_id)
+        self.metrics.write("training_done", rounds=self.round, version=self.version,
+                           time=time.time())
 
     def _finish(self) -> None:
         self._checkpoints.flush()  # every round's events are in the log before the summary

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from common import constants as C
 from common.net.transport import free_ports
 from master.families import SERVER_FAMILIES
 from tests.conftest import ROOT, run_fedctl
@@ -293,6 +294,11 @@ def _misused(out: Path, docs: Path, tmp_path: Path) -> None:
     assert "no folder" in fedctl("plot", str(out), "-o", str(tmp_path / "nope" / "c.png"))
     assert f"that is the run {out.resolve()}'s own curves.png" in fedctl(
         "plot", str(out), str(out), "-o", str(out / "curves.png"))
+    early = tmp_path / "early.failed"  # a run that failed while its data was embedded
+    early.mkdir()
+    (early / C.FAILED_NOTE).write_text("exit code 130: interrupted before the cluster started\n")
+    assert (f"{early}: a run that failed before it recorded anything, nothing to draw (exit "
+            f"code 130: interrupted") in fedctl("plot", str(early), "-o", str(tmp_path / "e.png"))
     runs = tmp_path / "runs"
     damaged = runs / "damaged"
     shutil.copytree(out, damaged)

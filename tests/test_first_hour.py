@@ -1063,3 +1063,31 @@ def test_init_writes_a_config_that_checks_and_names_itself(family: str, tmp_path
     checked = _fedctl("check", "--config", str(target), "--no-ports")
     assert checked.returncode == 0, checked.stderr
     assert f"valid. Family {family}" in checked.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_training_keeps_the_model_and_the_wait_is_explained(
+        make_config: MakeConfig, tmp_path: Path, embed_cache: Path) -> None:
+    """After the last round the workers score their local-only baselines and the master its
+    centralized one (35 to 80 s on the default job), under a bar at 100 % that said nothing;
+    Ctrl-C then kept the run as failed without its model. The model is written once training
+    is over, and the wait says what it is for."""
+    config = make_config(tmp_path, workers=2, rounds=2, baselines=True,
+                         model={"family": "mlp", "hidden": 8, "local_epochs": 150})
+    run = subprocess.Popen(fedctl_command("run", "--config", str(config), "--no-progress"),
+                           cwd=ROOT, env=child_env(embed_cache), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
+    master_log = tmp_path / "out.partial" / "logs" / "master.log"
+    try:
+        wait_for(lambda: master_log.exists() and "training done after" in
+                 master_log.read_text(), 120, "the end of training")
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        kill_tree(run)
+    assert run.returncode == 130, err[-3000:]
+    assert ("training done, model saved; now the workers' final reports, their local-only "
+            "baselines and the centralized one") in err, err[-3000:]
+    failed = tmp_path / "out.failed"
+    assert (failed / "model.npz").is_file() and (failed / "model.json").is_file()
+    assert f"training was over: its model is kept (`fedctl predict {failed} FILE`)" in err

@@ -68,3 +68,12 @@ def spawn_code(tmp_path: Path, config: Path) -> int:
         return proc.wait(timeout=30)
     finally:
         proc.kill()
+
+
+def test_a_process_killed_by_a_signal_is_said_so() -> None:
+    """`w3 exited with code -9` said nothing of the out-of-memory killer."""
+    from fedctl.launch import exit_reason
+
+    assert exit_reason(-9) == "-9 (killed by SIGKILL: out of memory, or kill -9)"
+    assert exit_reason(-15) == "-15 (killed by SIGTERM)"
+    assert exit_reason(1) == "1" and exit_reason(None) == "None"

@@ -237,6 +237,42 @@ def test_a_master_that_dies_at_its_end_is_resumed_with_the_reports_it_had(
     assert all(r["federated_macro_f1"] is not None for r in after["comparison"])
 
 
+
+def test_a_master_resumed_after_training_waits_for_its_workers_to_report(
+        tmp_path: Path, make_config: MakeConfig) -> None:
+    """Stopped after its last round, before two of three workers had reported (`fedctl run`
+    interrupted while they scored their baselines), then resumed as its hint says, the master
+    waited a heartbeat_timeout for workers not yet restarted and wrote their scores as n/a.
+    It now waits for them as a starting master does, up to join_timeout."""
+    first = make_config(tmp_path, rounds=2, checkpoint_every=1, heartbeat_timeout=2,
+                        join_timeout=60)
+    _, server, _, errors = _run(first)
+    server.join(timeout=120)
+    assert not server.is_alive() and not errors, errors
+    out = Path(load_config(first).output_dir)
+    before = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").unlink()
+    kept = [line for line in (out / "reports.jsonl").read_text().splitlines()
+            if '"w2"' in line]
+    (out / "reports.jsonl").write_text("\n".join(kept) + "\n")
+    cfg = load_config(first)
+    master = Master(cfg, resume=True)
+    master.bind()
+    result: dict[str, Any] = {}
+    server = threading.Thread(target=lambda: result.update(master.serve()), daemon=True)
+    server.start()
+    try:
+        time.sleep(3 * cfg.heartbeat_timeout)  # the user starts the workers by hand, later
+        reports: dict[str, Any] = {}
+        start_worker_threads(cfg, ["w1", "w3"], reports, errors)
+        server.join(timeout=120)
+    finally:
+        master.close()
+    assert not server.is_alive() and not errors, errors
+    assert sorted(reports) == ["w1", "w3"]
+    assert result["comparison"] == before["comparison"]
+
+
 def _two_rounds_checkpointed(tmp_path: Path, make_config: MakeConfig) -> tuple[Path, Any]:
     """A two-round job run to its end, checkpointing each round: its folder and checkpoint."""
     from master.checkpoint import Checkpoint

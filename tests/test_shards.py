@@ -13,7 +13,7 @@ import yaml
 from common.config import ConfigError, load_config, parse_config
 from common.data.reading import DataError, read_jsonl
 from common.data.shards import local_data, write_shards
-from tests.conftest import DATA, run_fedctl
+from tests.conftest import DATA, MakeConfig, Procs, run_fedctl
 
 WORKERS = ["w1", "w2", "w3"]
 
@@ -254,3 +254,42 @@ def test_a_run_on_the_workers_own_files_says_why_it_has_no_centralized_baseline(
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out" / "comparison.md").read_text()
     assert "Centralized: n/a: the workers' documents are not all on this machine." in table
+
+
+def test_baselines_pool_only_what_the_workers_trained_on(tmp_path: Path) -> None:
+    """The master pools data.path's split for its centralized baseline: a configured worker
+    that never joined had its share pooled, and one started with `--data` of its own was
+    scored on its share of data.path, as if it had trained on it."""
+    from master.baselines import simulation_mismatch
+
+    cfg = load_config(_config(tmp_path))
+    shards = {w: local_data(cfg, w) for w in WORKERS}
+    reports = {w: {"n_train": s.n_train, "n_test": len(s.test_index)} for w, s in shards.items()}
+    assert simulation_mismatch(cfg, reports) is None
+    assert simulation_mismatch(cfg, {w: reports[w] for w in ("w1", "w2")}) == (
+        "w3 never joined, and the pooled data would hold its share")
+    assert simulation_mismatch(cfg, {**reports, "w3": None}) is None  # no report: no word
+    own = {**reports, "w2": {"n_train": 40, "n_test": 10}}
+    said = simulation_mismatch(cfg, own)
+    share = shards["w2"].n_train
+    assert said is not None and said.startswith(
+        f"w2 trained on 40 documents and tested on 10, not its share of data.path ({share}")
+
+
+@pytest.mark.slow
+def test_a_worker_on_data_of_its_own_leaves_the_centralized_columns_empty(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """w3 started with `fedctl worker --data` (a file of 80 documents): the table says why
+    there is no centralized baseline instead of scoring one on data w3 never had."""
+    own = tmp_path / "own.jsonl"
+    own.write_text("".join(DATA.read_text().splitlines(keepends=True)[:80]))
+    cfg = make_config(tmp_path, workers=3, rounds=1, baselines=True,
+                      model={"family": "mlp", "hidden": 8})
+    procs.master(cfg)
+    procs.worker(cfg, "w1")
+    procs.worker(cfg, "w2")
+    procs.worker(cfg, "w3", "--data", str(own))
+    assert set(procs.wait_all(timeout=240).values()) == {0}, procs.logs_tail()
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "Centralized: n/a: w3 trained on 64 documents and tested on 16" in table, table
+    assert "All workers' test splits pooled" not in table

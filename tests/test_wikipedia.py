@@ -598,3 +598,24 @@ def test_cli_embed(tmp_path: Path) -> None:
     bad.write_text('{"text": "x", "label": "a"}\n{"text": "y"}\n')
     assert_one_line_error(cli("embed", str(bad), "-o", str(prefix)),
                           "bad.jsonl:2: missing field 'label' (line 1 has one)")
+
+
+def test_cli_embed_reads_what_the_cluster_reads(tmp_path: Path) -> None:
+    """A CSV table and a JSONL file with a byte-order mark: `fedctl check` and the cluster
+    read both, and embed failed on them with 'embedding failed: Expecting value' and
+    'Unexpected UTF-8 BOM' (its index re-read the file as plain JSONL)."""
+    table = tmp_path / "t.csv"
+    table.write_text('text,label\n"hello world",a\n"second doc",b\n')
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b'\xef\xbb\xbf{"text": "bom first", "label": "a", "title": "T"}\n'
+                       b'{"text": "second", "label": "b"}\n')
+    for src, first in ((table, {"row": 0, "label": "a"}),
+                       (marked, {"row": 0, "title": "T", "label": "a"})):
+        prefix = tmp_path / src.stem
+        result = cli("embed", str(src), "-o", str(prefix), "--cache-dir", str(tmp_path / "emb"),
+                     "--device", "cpu", "--no-progress")
+        assert result.exit_code == 0, result.output
+        assert np.load(str(prefix) + ".npy").shape == (2, 384)
+        index = [json.loads(line) for line in Path(str(prefix) + ".index.jsonl").read_text()
+                 .splitlines()]
+        assert len(index) == 2 and {k: index[0][k] for k in first} == first

@@ -55,6 +55,7 @@ from worker.snapshots import Snapshots, find_run_snapshots
 
 log = logging.getLogger("fedctl.worker")
 
+WAITING_LOG_INTERVAL_S = 10.0  # how often a worker waiting for its master says so
 BUSY_RETRIES = 10  # a request refused as too frequent is sent again this many times...
 BUSY_WAIT_S = 1.0  # ...this long apart (a registration may come once every REGISTER_INTERVAL)
 
@@ -248,11 +249,16 @@ class Worker:
         self._subscribed_at = time.monotonic()
 
     def _wait_announce(self, timeout: float, watch: HandshakeWatch | None = None) -> Message:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, said = start + timeout, start
         while time.monotonic() < deadline:
             msg = self._recv_sub(200)
             if msg is not None and msg.kind == M.ANNOUNCE:
                 return msg
+            if time.monotonic() - said >= WAITING_LOG_INTERVAL_S:  # not silent for minutes
+                said = time.monotonic()
+                log.info("waiting for the master at %s: %.0fs of join_timeout (%gs)",
+                         self.cfg.master.pub_endpoint, said - start, timeout)
             refusal = watch.refusal() if watch is not None else None
             if refusal is not None:
                 raise SecurityError(f"{self.cfg.master.pub_endpoint}: {refusal}")

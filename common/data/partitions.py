@@ -185,8 +185,9 @@ def partition(
                 break
         else:
             raise DataError(
-                f"dirichlet partition (alpha={alpha}) gave a part smaller than {min_size} rows "
-                f"in {_DIRICHLET_TRIES} tries; raise alpha or lower min_size"
+                f"dirichlet partition (alpha={alpha}) of {n} rows among {n_parts} workers left "
+                f"one with fewer than {min_size} rows in {_DIRICHLET_TRIES} tries: raise "
+                f"data.alpha, use fewer workers, or data.partition: iid"
             )
 
     return [np.sort(p).astype(np.int64) for p in parts]

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from common.data.reading import DataError
+from common.data.reading import TABLE_DELIMITERS, DataError, TextDataset
 from fedctl.datasets.taxonomy import ARTICLETOPIC_LABELS, DEFAULT_TOPIC, check_topic
 from fedctl.datasets.wikipedia import (
     DEFAULT_API_URL,
@@ -293,22 +293,26 @@ def wikipedia(titles_file: str | None, history_file: str | None, n_random: int |
 # --------------------------------------------------------------------------------------------
 
 
-def _index_rows(path: Path) -> list[dict[str, Any]]:
-    """``{row, title?, text_sha256, label?}`` for each non-blank line of a validated JSONL
-    (labels are optional: an unlabelled file embeds as well)."""
+def _index_rows(dataset: TextDataset) -> list[dict[str, Any]]:
+    """``{row, title?, text_sha256, label?}`` for each row of ``dataset`` as read: a JSONL
+    line's ``title`` and ``label`` as the line has them, a table's label as read (labels are
+    optional: an unlabelled file embeds as well)."""
+    path = dataset.path
+    if path is not None and path.suffix.lower() not in TABLE_DELIMITERS:
+        # (read_jsonl has validated every line; utf-8-sig: a byte-order mark is no text)
+        with path.open(encoding="utf-8-sig") as fh:
+            lines = [json.loads(line) for line in fh if line.strip()]
+    else:
+        lines = [{"label": label} if dataset.labelled else {} for label in dataset.labels]
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            entry: dict[str, Any] = {"row": len(rows)}
-            if isinstance(obj.get("title"), str):
-                entry["title"] = obj["title"]
-            entry["text_sha256"] = hashlib.sha256(obj["text"].encode("utf-8")).hexdigest()
-            if "label" in obj:
-                entry["label"] = obj["label"]
-            rows.append(entry)
+    for i, (text, line) in enumerate(zip(dataset.texts, lines, strict=True)):
+        entry: dict[str, Any] = {"row": i}
+        if isinstance(line.get("title"), str):
+            entry["title"] = line["title"]
+        entry["text_sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if "label" in line:
+            entry["label"] = line["label"]
+        rows.append(entry)
     return rows
 
 
@@ -353,7 +357,7 @@ def embed(input_path: str, output: str, model: str | None, batch_size: int | Non
         if backend is not None:
             check_backend_name(backend)  # before reading anything
         dataset = read_jsonl(input_path)
-        index = _index_rows(Path(input_path))
+        index = _index_rows(dataset)
         dev = resolve_device(device)
         features, used = embed_texts_with_backend(
             dataset.texts, model_path=model, cache_dir=cache_dir, batch_size=batch_size,
