@@ -365,7 +365,8 @@ def runs_cmd(folder: str) -> None:
     latest = (root / "latest").resolve() if (root / "latest").exists() else None
     # (An unfinished run's rounds read "40/50": the column is as wide as its widest.)
     width = max(6, *(len(str(e["rounds"])) for e in found))
-    header = f"{'run':<28} {'started':<16} {'family':<11} {'workers':>7} {'rounds':>{width}} " \
+    name = max(24, *(len(e["path"].name) for e in found))  # ".failed" and ".partial" too
+    header = f"{'run':<{name}} {'started':<16} {'family':<11} {'workers':>7} {'rounds':>{width}} " \
              f"{'score':<20} {'wall':>8}  state"
     click.echo(header)
     for entry in found:
@@ -373,7 +374,7 @@ def runs_cmd(folder: str) -> None:
         wall = "-" if entry["wall_s"] is None else f"{entry['wall_s']:.1f}s"
         when = ("-" if entry["started"] is None else  # local time, as the user reads a clock
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["started"])))
-        click.echo(f"{entry['path'].name:<28} {when:<16} {entry['family']:<11} "
+        click.echo(f"{entry['path'].name:<{name}} {when:<16} {entry['family']:<11} "
                    f"{entry['workers']:>7} {entry['rounds']:>{width}} {entry['score']:<20} "
                    f"{wall:>8}  {entry['state']}{mark}")
 

@@ -293,3 +293,13 @@ def test_a_worker_on_data_of_its_own_leaves_the_centralized_columns_empty(
     table = (tmp_path / "out" / "comparison.md").read_text()
     assert "Centralized: n/a: w3 trained on 64 documents and tested on 16" in table, table
     assert "All workers' test splits pooled" not in table
+
+
+def test_a_file_too_small_to_split_is_named_with_its_worker(tmp_path: Path) -> None:
+    """`fedctl check --id w1 --data one_line.jsonl` said 'a shard of 1 row(s) cannot be split
+    into train and test', naming neither the file nor the worker."""
+    one = tmp_path / "one.jsonl"
+    one.write_text(DATA.read_text().splitlines()[0] + "\n")
+    cfg = load_config(_config(tmp_path, task="multiclass"))
+    with pytest.raises(DataError, match=rf"^{one} \(w1's data\): a shard of 1 row\(s\) cannot"):
+        local_data(cfg, "w1", str(one))

@@ -113,7 +113,10 @@ def local_data(cfg: ClusterConfig, worker_id: str, data_path: str | None = None)
     if own is not None:
         dataset, y, classes = _load_task(str(own), d.limit, cfg.seed, d.task, d.positive)
         rows = np.arange(len(y))
-        train, test = holdout_split(y, rows, d.test_fraction, cfg.seed)
+        try:
+            train, test = holdout_split(y, rows, d.test_fraction, cfg.seed)
+        except DataError as exc:  # (it knows rows, not whose file they came from)
+            raise DataError(f"{own} ({worker_id}'s data): {exc}") from None
         return LocalData(dataset, y, classes, train, test)
 
     names = [w.name for w in cfg.workers]
@@ -129,7 +132,10 @@ def local_data(cfg: ClusterConfig, worker_id: str, data_path: str | None = None)
     parts = partition(topic, len(names), scheme=d.partition, alpha=d.alpha,
                       proportions=d.proportions, seed=cfg.seed)
     i = names.index(worker_id)
-    train, test = holdout_split(y, parts[i], d.test_fraction, cfg.seed + i)
+    try:
+        train, test = holdout_split(y, parts[i], d.test_fraction, cfg.seed + i)
+    except DataError as exc:
+        raise DataError(f"{d.path}: {worker_id}'s share: {exc}") from None
     return LocalData(dataset, y, classes, train, test, shared=True)
 
 
