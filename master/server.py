@@ -94,8 +94,8 @@ def _abstains(rnd: RoundState, worker_id: str) -> bool:
 def _log_dropped(worker_id: str, round_: int, dropped: Sequence[str]) -> None:
     if dropped:  # one line per update taken: bounded by the rounds, as the updates are
         log.warning("round %d: %s's update is taken without its metric(s) %s: not finite, "
-                    "past MAX_METRIC, or a duration outside [0, MAX_TIMING_S]", round_,
-                    worker_id, ", ".join(dropped))
+                    "past MAX_METRIC, a score outside its range, or a duration outside "
+                    "[0, MAX_TIMING_S]", round_, worker_id, ", ".join(dropped))
 
 
 def _same_arrays(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -1155,6 +1155,7 @@ def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
                                       {"abstain": np.array(["abc"])}) == "dtype"
             for w in clients:
                 metrics = {"w1": {"self": 1.0, "train_time": 0.1},
+                           "w2": {"macro_f1": 1e11, "train_time": 0.3},
                            "w3": {"loss": 10 * C.MAX_METRIC, "train_time": 0.2}}.get(w, {})
                 assert clients[w].code("update", {**up, "worker_id": w, "metrics": metrics},
                                        model) == "ack"
@@ -1173,6 +1174,10 @@ def test_a_members_metric_names_and_text_arrays_cannot_stop_the_master(
     w3 = [e for e in logged if e["event"] == "worker_round" and e["worker"] == "w3"]
     assert [e["train_time"] for e in w3] == [0.2, 0.2] and not any("loss" in e for e in w3)
     assert "w3" not in master.excluded
+    # An F1 of 1e11 was the round's "global macro-F1" in the log and every curve's scale.
+    w2 = [e for e in logged if e["event"] == "worker_round" and e["worker"] == "w2"]
+    assert [e["train_time"] for e in w2] == [0.3, 0.3] and not any("macro_f1" in e for e in w2)
+    assert all(e.get("mean_macro_f1") is None for e in logged if e["event"] == "round")
 
 
 def test_a_poisoned_scaffold_control_change_is_left_out(tmp_path: Path,

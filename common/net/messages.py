@@ -114,7 +114,9 @@ def in_range_metrics(metrics: Any, where: str) -> tuple[dict[str, float], list[s
     passes ``MAX_METRIC``, then float32's range, on a model another member blew up: its update
     is still taken (its arrays are checked apart), only the number is not kept."""
     check_metric_form(metrics, where, finite=False)
-    dropped = [k for k, v in metrics.items() if not math.isfinite(v) or out_of_range(k, v)]
+    # (Scores held to their ranges as a report's are: an F1 of 1e11 was the round's logged
+    # "global macro-F1" and every learning curve's scale.)
+    dropped = [k for k, v in metrics.items() if not reportable(k, v)]
     return {k: v for k, v in metrics.items() if k not in dropped}, dropped
 
 
