@@ -296,11 +296,37 @@ class DistanceHistory:
         for form, d in largest.items():
             self._largest.add(form, d)
 
+    def sum_problem(self, form: Form, d: float) -> str | None:
+        """Why a secure round's aggregate of this form and size ``d`` (its members hidden in
+        the sum: no update of it can be left out) is refused, or None: past the factor times
+        the smallest of the last rounds' sums, or NORM_JOB_GROWTH_LIMIT times the job's. One
+        member's synchronized step gradient at the clip held FedAdam's moments as an upload
+        of 1e17 did in the clear."""
+        window, job = self._largest.bounds(_summed(form))
+        if window is None or job is None or d <= 1e-6:
+            return None
+        if d > self.factor * window[0]:
+            return (f"its size, {d:.3g}, is over {self.factor:g} times {window[0]:.3g}, the "
+                    f"smallest of the last rounds' secure sums")
+        if d > C.NORM_JOB_GROWTH_LIMIT * job[0]:
+            return (f"its size, {d:.3g}, is over {C.NORM_JOB_GROWTH_LIMIT:g} times "
+                    f"{job[0]:.3g}, the smallest secure sum in this job (NORM_JOB_GROWTH_LIMIT)")
+        return None
+
+    def sum_aggregated(self, form: Form, d: float) -> None:
+        """Record a secure round's aggregate, once applied (:meth:`sum_problem`)."""
+        self._largest.add(_summed(form), d)
+
     def state(self) -> list[list[Any]]:
         return self._largest.state()
 
     def restore(self, state: Sequence[Any]) -> None:
         self._largest.restore(state)
+
+
+def _summed(form: Form) -> Form:
+    """A secure sum's form, apart from a plain upload's of the same arrays."""
+    return tuple((f"secure-sum:{name}", shape) for name, shape in form)
 
 
 def form_of(arrays: Mapping[str, Any]) -> Form:

@@ -942,6 +942,11 @@ class Master:
         return self.roster.sample()
 
     def _start_round(self, now: float) -> None:
+        if not self.workers or (self.excluded and len(self.workers) < self.cfg.min_workers):
+            # (Exclusions at a round's close: a round of no one ended the master by ValueError.)
+            return self._fail(f"{len(self.workers)} worker(s) left after excluding "
+                              f"{', '.join(sorted(self.excluded)) or 'none'}, min_workers is "
+                              f"{self.cfg.min_workers}")
         fixed = self.family.participants()  # a step of several rounds keeps its workers
         broken = False
         if fixed is not None:
@@ -1225,9 +1230,14 @@ class Master:
         # over 1), in the clear in its update: the sum's weights must come to as much.
         sent = (float(len(survivors)) if self.cfg.privacy.client_dp is not None
                 else sum(rnd.results[w].n_samples for w in survivors) / sa.n_max)
+        size: float | None = None
         try:
             arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors), sent,
                                                2 * sa.error_bound() / sa.clip + 1e-9)
+            size = self.family.secure_distance(arrays)
+            form = screening.form_of(arrays)
+            if size is not None and (why := self._distances.sum_problem(form, size)):
+                raise ValueError(why)
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors),
@@ -1244,8 +1254,11 @@ class Master:
             log.warning("round %d: the secure sum cannot be applied: %s; the model stays as "
                         "it was", rnd.number, problem)
             self._refused_sums.append(problem)
+            self.family.secure_refused()
             return False
         self._refused_sums.clear()
+        if size is not None:
+            self._distances.sum_aggregated(form, size)
         self._growth.published()
         self.metrics.write("secagg", round=rnd.number, survivors=survivors,
                            dropped=sorted(set(sa.u2) - set(survivors)),

@@ -8,7 +8,10 @@
   never open what it committed to (every attempt of every round failed);
 * ``ring``: the first coordinates of its quantized input are past the largest level a value
   within the clipping range gives, so that the ring sum wraps (a coordinate moved beyond
-  the clip, in a direction of its choosing).
+  the clip, in a direction of its choosing);
+* ``step-wrap:S`` / ``step-clip:S`` (synchronous ProdLDA): once, in the gradients' phase of
+  step S, every value is past the top level (the sum wraps), or at the clip (in range): one
+  step's gradient held Adam's moments, and every weight then moved the way it pushed.
 
 Run it as its own process, like ``fedctl worker``::
 
@@ -49,6 +52,29 @@ def hostile_worker(cfg: Any, worker_id: str, forge: str) -> Any:
     elif forge == "commitment":
         secagg.hashlib = types.SimpleNamespace(
             sha256=lambda data=b"": hashlib.sha256(os.urandom(32)))
+    elif forge.startswith(("step-wrap:", "step-clip:")):
+        worker = Worker(cfg, worker_id)
+        family, at = worker.family, int(forge.split(":")[1])
+        honest_vector, honest_quantize = family.secure_vector, secagg.quantize
+        now: dict[str, Any] = {}
+
+        def secure_vector(*args: Any, **kwargs: Any) -> Any:
+            now["phase"], step = family.phase_, family.step_
+            now["step"] = None if step is None else step.step
+            return honest_vector(*args, **kwargs)
+
+        def quantize_step(values: np.ndarray, clip: float, n_levels: int, bits: int = 32
+                          ) -> np.ndarray:
+            q = honest_quantize(values, clip, n_levels, bits).copy()
+            if now.get("phase") == 4 and now.get("step") == at and not now.get("forged"):
+                now["forged"] = True  # once: the step is redone, honestly
+                q[:] = 2**63 if forge.startswith("step-wrap") else n_levels
+                logging.getLogger("secagg_hostile").info("forged step %d's gradient", at)
+            return q
+
+        family.secure_vector = secure_vector
+        secagg.quantize = quantize_step
+        return worker
     elif forge == "ring":
         honest_quantize = secagg.quantize
 

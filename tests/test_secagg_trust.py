@@ -106,3 +106,38 @@ def test_a_ring_value_past_the_clip_is_refused_not_averaged(
     said = procs.log("master")
     assert "a coordinate of the secure sum is" in said and "was forged" in said, said
     assert f"the last {C.SECAGG_MAX_REFUSED_SUMS} secure sums could not be applied" in said
+
+
+def _sync_job(tmp_path: Path, make_config: MakeConfig, steps: int) -> Path:
+    return make_config(tmp_path, workers=3, rounds=5 * steps, min_workers=2,
+                       privacy={"secure_aggregation": {"threshold": 2}},
+                       **{**FAST, "model": {"family": "prodlda", "mode": "sync", "n_topics": 5,
+                                            "vocab_size": 300, "batch_size": 32}})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forge", ["step-wrap", "step-clip"])
+def test_one_forged_synchronous_step_is_refused(forge: str, tmp_path: Path,
+                                                make_config: MakeConfig, procs: Procs) -> None:
+    """w1 forges the gradients' phase of step 4 of a synchronous ProdLDA job: every value past
+    the ring's top level (the sum wraps: 2.5e7 a coordinate where the clip is 4,096), or at
+    the clip (in range). Either was applied, and Adam's second moment held it for the rest of
+    the job: every weight moved the way that one step pushed (attack review). Wrapped, the sum
+    is past what its members can send; in range, it is past 20 times the last steps' sums.
+    Refused, the step is redone (its workers had spent its state: asked for the phase again,
+    each abstained, and all three were excluded, and the master ended by ValueError)."""
+    cfg = _sync_job(tmp_path, make_config, steps=6)
+    procs.master(cfg)
+    for w in ("w2", "w3"):
+        procs.worker(cfg, w)
+    _hostile(procs, cfg, "w1", f"{forge}:4")
+    codes = procs.wait_all(timeout=300)
+    assert set(codes.values()) == {0}, procs.logs_tail()
+    said = procs.log("master")
+    why = ("a value of the secure sum is" if forge == "step-wrap" else
+           "the smallest of the last rounds' secure sums")
+    assert "the secure sum cannot be applied" in said and why in said, said
+    assert "its secure sum in phase 4 was refused; redoing the step" in said
+    assert "forged step 4's gradient" in procs.log("w1")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert not summary.get("excluded") and summary["trained"]["steps"] == 6, summary

@@ -101,6 +101,17 @@ class ServerFamily(ABC):
         assert sa is not None
         return bits, sa.clip
 
+    def secure_refused(self) -> None:
+        """A secure round's sum was refused (the model restored as it was): what the family
+        must do before its next round. Nothing by default: the round is run again."""
+
+    def secure_distance(self, result: Mapping[str, np.ndarray]) -> float | None:
+        """The size a secure round's result is held to against the last rounds' (None: not
+        held; a model's growth is checked anyway): :meth:`screening.DistanceHistory.sum_problem`,
+        for the results a server optimizer steps by, whose step its own learning rate bounds
+        whatever their size."""
+        return None
+
     def secure_result(self, total: np.ndarray, n_max: int, members: int,
                       weights_sent: float | None = None, tolerance: float = 0.0
                       ) -> dict[str, np.ndarray]:

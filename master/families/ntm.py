@@ -148,11 +148,39 @@ class ProdLDAServer(VocabularyServer):
             out = super().secure_result(total, n_max, members, weights_sent, tolerance)
         else:
             assert self.model_ is not None
+            # Each member's terms are clipped to the phase's range: a sum past what they can
+            # make was a ring value past the top level, wrapped (one member's gradient of 2.5e7
+            # a coordinate where the clip is 4,096).
+            clip = ntm_secure.CLIPS[self._secure_phase()]
+            largest = max(float(np.max(total)), -float(np.min(total))) if np.size(total) else 0.0
+            if largest > members * clip * (1 + tolerance):
+                raise ValueError(f"a value of the secure sum is {largest:.4g}, past the "
+                                 f"{members * clip:.4g} that {members} members clipped to "
+                                 f"{clip:g} can send: a member's input was forged")
             out = ntm_secure.read_sum(self.model_, self._secure_phase(), total,
                                       self.params.batch_stats)
         # The ring's rounding (16 bits with float16 or int8 compression: about 4e-4 at clip 8)
         # can take honest small variances below zero; only a single upload's are refused.
         return _variances_clamped(out)
+
+    def secure_refused(self) -> None:
+        # The workers have gone past the refused phase (its state is spent): asked for it
+        # again, every one abstained, was counted for it, and all were excluded. The step
+        # starts again, as after a dropout.
+        if self.params.mode == "sync" and self.phase_ > 0:
+            log.warning("step %d: its secure sum in phase %d was refused; redoing the step",
+                        self.steps_ + 1, self.phase_)
+            self._start_step()
+
+    def secure_distance(self, result: Mapping[str, np.ndarray]) -> float | None:
+        # A step's gradient: Adam's step is bounded by lr however large it is, and its moments
+        # keep a forged one for thousands of steps (attack review: every weight then moved the
+        # way one member's single step at the clip pushed it).
+        if self.params.mode != "sync" or self._secure_phase() not in (4, ntm_secure.STEP):
+            return None
+        assert self.model_ is not None
+        return float(np.sqrt(sum(float(np.sum(np.square(result[n], dtype=np.float64)))
+                                 for n in self.model_.param_names())))
 
     def trained(self, version: int) -> dict[str, int]:
         return {"steps": self.steps_, "rounds": version}
