@@ -12,6 +12,7 @@ import importlib.metadata
 import io
 import json
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from common.constants import FAR_FROM_START_NMI
 from common.data.embedding import embedding_identity
 from common.data.shards import simulated
 from master.families import ServerFamily
-from master.report import comparison_rows, format_table
+from master.report import METRICS, comparison_rows, format_table
 
 log = logging.getLogger("fedctl.master")
 
@@ -35,8 +36,21 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every float that is not finite as None: a baseline's perplexity on a few
+    documents came out NaN, which JSON has no word for (a strict reader refused the file),
+    and a mean over it was n/a where the other workers' values stood."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2).encode())
+    atomic_write_bytes(path, json.dumps(_finite(obj), indent=2, allow_nan=False).encode())
 
 
 def write_config(out: Path, cfg: ClusterConfig) -> None:
@@ -106,7 +120,7 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
             log.info("%s has no centralized baseline here (a real deployment, or a family "
                      "without one): the table's centralized columns are n/a", family.name)
     no_centralized = baselines and sim is None
-    sim = sim or {}
+    sim = _finite(sim or {})
     rows = comparison_rows(reports, sim.get("centralized"))
     table = format_table(rows, sim.get("pooled"))
     if no_centralized:  # say why the columns are n/a, in the table a user reads
@@ -115,6 +129,16 @@ def write_results(out: Path, family: ServerFamily, reports: Mapping[str, Any],
                   if not simulated(family.cfg) else
                   f"\n\nCentralized: n/a: {family.name} has no centralized baseline (the "
                   f"local-only and federated models are compared).")
+    lost = sorted({k.removeprefix("local_only_") for r in rows for k, v in r.items()
+                   if k.startswith("local_only_") and v is not None}
+                  - {k.removeprefix("federated_") for r in rows for k, v in r.items()
+                     if k.startswith("federated_") and v is not None})
+    lost = [m for m in lost if m not in ("n_train", "n_test")]
+    if lost:  # (the workers leave out a score that is not finite: say so, not a bare n/a)
+        table += (f"\n\nFederated {', '.join(METRICS.get(m, m) for m in lost)}: n/a on every "
+                  f"worker, where the local-only models have one: not finite on the federated "
+                  f"model (it diverged, or privacy noise overwhelmed it; see each round's "
+                  f"scores in metrics.jsonl).")
     if family.transductive:
         table += (f"\n\n{family.name} is transductive: each worker trained on all its documents "
                   f"(train and test, no label read) and is scored on all of them.")

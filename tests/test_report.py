@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from master.report import comparison_rows, format_table, reported_metrics
 
 
@@ -52,3 +55,20 @@ def test_no_reports_still_gives_a_table():
     rows = comparison_rows({"w1": None}, None)
     assert rows[0]["federated_macro_f1"] is None
     assert "| w1 | n/a | n/a | n/a |" in format_table(rows)
+
+
+def test_scores_that_are_not_finite_are_written_as_null(tmp_path: Path) -> None:
+    """A centralized perplexity on a few documents came out NaN: comparison.json and
+    summary.json held a bare NaN, which strict JSON readers refuse."""
+    from master.outputs import _write_json
+
+    _write_json(tmp_path / "s.json", {"rows": [{"centralized_perplexity": float("nan"),
+                                                "federated_perplexity": 12.5}],
+                                      "pooled": {"m": (float("inf"), 1.0)}})
+
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    back = json.loads((tmp_path / "s.json").read_text(), parse_constant=refuse)
+    assert back == {"rows": [{"centralized_perplexity": None, "federated_perplexity": 12.5}],
+                    "pooled": {"m": [None, 1.0]}}

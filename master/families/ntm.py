@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from common.aggregate import weighted_average
 from common.config import ClusterConfig, ConfigError, build_params
 from common.models import ntm_secure
 from common.models.ntm import (
@@ -44,6 +45,7 @@ from master.families.base import Payload, check_arrays
 from master.families.vocabulary import VocabularyServer, agree_vocabulary
 from master.screening import aggregate_problem
 from master.strategies import ClientResult, Strategy
+from master.strategies.fedopt import FedOpt
 
 log = logging.getLogger("fedctl.master")
 
@@ -51,12 +53,23 @@ log = logging.getLogger("fedctl.master")
 MAX_ROUNDS_PER_BUDGET = 2
 #: How a batch norm's running variance is named among the arrays (``<layer>.running_var``).
 RUNNING_VAR = ".running_var"
+PRIOR_VARIANCE = "prior_variance"
+#: The least variance an aggregate's learned prior keeps (its logarithm is in the KL term).
+PRIOR_VARIANCE_FLOOR = 1e-4
 
 
-def _variances_clamped(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``arrays`` with every running variance at least zero (an aggregate's, not an upload's:
-    a rounding or a server optimizer's step may take an honest one below)."""
-    return {k: np.maximum(a, 0, dtype=a.dtype) if k.endswith(RUNNING_VAR) else a
+def _variances_clamped(arrays: Mapping[str, np.ndarray], weights: bool = False
+                       ) -> dict[str, np.ndarray]:
+    """``arrays`` with every running variance at least zero and, where they are the model's
+    ``weights`` (not a step's gradients), the prior's variance at least
+    ``PRIOR_VARIANCE_FLOOR`` (an aggregate's, not an upload's: a rounding, a server optimizer's
+    step or DP-FedAvg's noise may take an honest one below; a prior variance of -0.25 made every
+    score NaN and every document one topic)."""
+    def floor(name: str) -> float | None:
+        return 0.0 if name.endswith(RUNNING_VAR) else (
+            PRIOR_VARIANCE_FLOOR if weights and name == PRIOR_VARIANCE else None)
+
+    return {k: a if (f := floor(k)) is None else np.maximum(a, f, dtype=a.dtype)
             for k, a in arrays.items()}
 
 
@@ -317,8 +330,15 @@ class ProdLDAServer(VocabularyServer):
             arrays = self.model_.get_arrays()
         else:
             arrays = self.strategy.aggregate(before, results)
-            # A server optimizer (FedAdam, FedYogi) may step a variance past zero.
-            arrays = _variances_clamped(arrays)
+            if isinstance(self.strategy, FedOpt):
+                # Batch norm's running statistics are measurements, not weights: stepped by
+                # FedAdam as if they were, the decoder's variances went from 4e-4 to 0.77 and
+                # the perplexity to 1e11. They are the workers' average.
+                names = [n for n in self.model_.buffer_names() if n in arrays]
+                arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in results],
+                                               [r.n_samples for r in results]))
+            # A server optimizer's step, or DP-FedAvg's noise, may take a variance past zero.
+            arrays = _variances_clamped(arrays, weights=True)
         if self.params.tol > 0 or self.params.patience > 0:  # only the stop rule needs it
             names = self.model_.param_names()
             self.changes_.append(relative_change({n: before[n] for n in names},
