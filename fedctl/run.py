@@ -529,6 +529,7 @@ def _print_results(out: Path) -> None:
     weights = "tokens" if family in ("lda", "sentencelda") else "training documents"
     print("trained: " + ", ".join(f"{n} {unit.removesuffix('s') if n == 1 else unit}"
                                   for unit, n in trained.items())
-          + f"; the updates' weights sum to {seen} ({weights}, each worker's once a round, "
-            f"whatever its local epochs)")
+          # (what the updates declared, not what the strategy kept: Krum keeps one a round)
+          + f"; the updates received declared {seen} {weights} in all (each worker's once a "
+            f"round, whatever its local epochs)")
     print(f"model, metrics, comparison and logs in {out}")

@@ -109,6 +109,13 @@ class MLPServer(ServerFamily):
         if len(classes) < 2:
             raise ProtocolError(f"need at least 2 classes, the workers have {classes}",
                                 code=errors.REJECTED)
+        for w, own in zip(registrations, lists, strict=True):  # (a worker's file of another task)
+            others = set().union(*(c for v, c in zip(registrations, lists, strict=True)
+                                   if v != w))
+            if others and not set(own) & others:
+                log.warning("mlp: %s's classes (%s) share none with the other workers' (%s): "
+                            "the model learns them from it alone; is its data another task's?",
+                            w, _names(own), _names(sorted(others)))
         (input_dim,) = dims
         model = self.params.classifier(input_dim, len(classes), random_state=self.cfg.seed)
         self.setup_info_ = {"classes": classes, "input_dim": input_dim}
@@ -147,3 +154,9 @@ def _embedding_dim(model: str | None) -> int:
         if isinstance(width, int) and width > 0:
             return width
     return 384
+
+
+def _names(classes: list[str], shown: int = 5) -> str:
+    """A few class names for a log line (a worker may have thousands)."""
+    return ", ".join(classes[:shown]) + (f" and {len(classes) - shown} more"
+                                         if len(classes) > shown else "")
