@@ -26,6 +26,14 @@ def _hostile(procs: Procs, config: Path, worker: str, forge: str) -> subprocess.
     return p
 
 
+def _cluster(procs: Procs, cfg: Path, forge: str) -> subprocess.Popen:
+    """The master, honest w2 and w3, and w1 forging ``forge`` (tests/secagg_hostile.py)."""
+    procs.master(cfg)
+    for w in ("w2", "w3"):
+        procs.worker(cfg, w)
+    return _hostile(procs, cfg, "w1", forge)
+
+
 def _hostile_job(tmp_path: Path, make_config: MakeConfig, rounds: int) -> Path:
     return make_config(tmp_path, workers=3, rounds=rounds, min_workers=2,
                        privacy={"secure_aggregation": {"threshold": 2}},
@@ -40,10 +48,7 @@ def test_a_member_corrupting_anothers_share_gets_no_one_excluded(
     named. w2 now goes on without that share (its pair mask with w1 needs none), and w1's seed
     opens from the shares of w1 and w3."""
     cfg = _hostile_job(tmp_path, make_config, rounds=3)
-    procs.master(cfg)
-    for w in ("w2", "w3"):
-        procs.worker(cfg, w)
-    _hostile(procs, cfg, "w1", "share:w2")
+    _cluster(procs, cfg, "share:w2")
     codes = procs.wait_all(timeout=240)
     assert set(codes.values()) == {0}, procs.logs_tail()
     out = tmp_path / "out"
@@ -66,10 +71,7 @@ def test_a_member_committing_to_another_seed_is_left_out_then_excluded(
     the threshold, 2: one forger among them could not have caused it) it counts as silent,
     excluded at ABSTAIN_LIMIT."""
     cfg = _hostile_job(tmp_path, make_config, rounds=C.ABSTAIN_LIMIT + 1)
-    procs.master(cfg)
-    for w in ("w2", "w3"):
-        procs.worker(cfg, w)
-    w1 = _hostile(procs, cfg, "w1", "commitment")
+    w1 = _cluster(procs, cfg, "commitment")
     w1.wait(timeout=240)
     del procs.procs["w1"]
     codes = procs.wait_all(timeout=240)
@@ -95,10 +97,7 @@ def test_a_ring_value_past_the_clip_is_refused_not_averaged(
     weights: refused, the model stays as it was, and after SECAGG_MAX_REFUSED_SUMS such
     rounds the job ends saying how to find whose updates they are."""
     cfg = _hostile_job(tmp_path, make_config, rounds=C.SECAGG_MAX_REFUSED_SUMS + 1)
-    procs.master(cfg)
-    for w in ("w2", "w3"):
-        procs.worker(cfg, w)
-    _hostile(procs, cfg, "w1", "ring")
+    _cluster(procs, cfg, "ring")
     codes = procs.wait_all(timeout=240)
     assert codes["master"] != 0, procs.logs_tail()
     out = tmp_path / "out"
@@ -127,10 +126,7 @@ def test_one_forged_synchronous_step_is_refused(forge: str, tmp_path: Path,
     Refused, the step is redone (its workers had spent its state: asked for the phase again,
     each abstained, and all three were excluded, and the master ended by ValueError)."""
     cfg = _sync_job(tmp_path, make_config, steps=6)
-    procs.master(cfg)
-    for w in ("w2", "w3"):
-        procs.worker(cfg, w)
-    _hostile(procs, cfg, "w1", f"{forge}:4")
+    _cluster(procs, cfg, f"{forge}:4")
     codes = procs.wait_all(timeout=300)
     assert set(codes.values()) == {0}, procs.logs_tail()
     said = procs.log("master")
