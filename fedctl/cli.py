@@ -513,7 +513,15 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
     from master.families import server_family_class
     from worker.families import client_family_class
 
-    notes = found.family.notes if found is not None else []
+    notes = list(found.family.notes) if found is not None else []
+    small = sorted((b, w) for w, (_, b) in (found.documents.items() if found else ())
+                   if 0 < b < SMALL_TEST_SPLIT)
+    if small:  # (the run's table said nothing: 1 document scored 0 or 1)
+        notes.append(f"{', '.join(f'{w} ({b})' for b, w in small[:3])}"
+                     f"{f' and {len(small) - 3} more' if len(small) > 3 else ''}: test "
+                     f"split(s) under {SMALL_TEST_SPLIT} documents, where one document moves a "
+                     f"score by a tenth or more (more data, fewer workers, or a larger "
+                     f"data.test_fraction)")
     summary = {"config": display_name or config, "family": cfg.family,
                "strategy": (strategy_name(cfg) if family else "dpfedavg"
                             if cfg.privacy.client_dp is not None else cfg.strategy["name"]),
@@ -599,6 +607,9 @@ def check(config: str, overrides: tuple[str, ...], family: bool, ports: bool,
                f"master {summary['master']}, security {cfg.security.mode}.{data}{said_line}"
                f"{taken}{keys}" + "".join(f" Note: {n}." for n in notes))
 
+
+#: A test split smaller than this is named by `check`: its scores are too coarse to read.
+SMALL_TEST_SPLIT = 10
 
 #: What `check` says of a config that lists no worker.
 _ANY = ("none listed: the master admits any worker that registers; `fedctl run` needs them "

@@ -1019,6 +1019,15 @@ def test_check_takes_run_s_workers_and_rounds_and_says_what_a_sync_budget_drops(
     assert "7 rounds, 2 worker(s) (w1, w2)" in checked.stdout
     assert ("Note: rounds 7 is not a multiple of 5 (rounds per synchronized step of prodlda): "
             "the run stops after 1 step(s), 5 rounds.") in checked.stdout
+    # Seven workers on 30 documents: one test document each, scored 0 or 1 in the run's table
+    # without a word.
+    small = _fedctl("check", "--config", str(ROOT / "examples" / "mlp_multiclass.yaml"),
+                    "--workers", "7", "--set", "data.limit=30", "--set", "data.partition=iid",
+                    "--no-ports")
+    assert small.returncode == 0, small.stderr
+    assert ("Note: w1 (1), w2 (1), w3 (1) and 4 more: test split(s) under 10 documents, where "
+            "one document moves a score by a tenth or more") in small.stdout, small.stdout
+    assert "test split(s) under" not in checked.stdout
 
 
 def test_init_and_keygen_that_cannot_write_say_so_in_one_line(tmp_path: Path) -> None:
