@@ -198,6 +198,11 @@ NORM_GROWTH_WINDOW = 10
 #: without end. Honest jobs grew at most 15 x over it (combinedtm, 100 rounds; mlp 3.6 x in
 #: 1,000), a margin of hundreds.
 NORM_JOB_GROWTH_LIMIT = 1e4
+
+#: An update or secure sum this close to the model is never left out, and never becomes a
+#: floor: a sum whose members all sat out (zeros, and the ring's rounding: 4e-10) was once
+#: recorded as a synchronized step's floor, and every honest step after it (12.8) refused.
+NEGLIGIBLE_DISTANCE = 1e-6
 #: Largest magnitude of any value the master publishes: workers compute in float32 and square
 #: what they are sent (variances, norms, distances to centres), so a value past the square root
 #: of float32's largest would overflow there, however finite it is in the master's float64.

@@ -79,7 +79,7 @@ def outliers(distances: Mapping[str, float], factor: float = C.NORM_OUTLIER_FACT
         return out
     reference = finite[(len(finite) - 1) // 2]
     for w, d in distances.items():
-        if w not in out and d > factor * reference and d > 1e-6:
+        if w not in out and d > factor * reference and d > C.NEGLIGIBLE_DISTANCE:
             out[w] = (f"its distance to the model, {d:.3g}, is over {factor:g} times the "
                       f"round's median {reference:.3g}")
     return out
@@ -271,7 +271,7 @@ class DistanceHistory:
             return out
         for w, d in distances.items():
             window, job = self._largest.bounds(forms[w])
-            if w in out or window is None or job is None or d <= 1e-6:
+            if w in out or window is None or job is None or d <= C.NEGLIGIBLE_DISTANCE:
                 continue
             if d > self.factor * window[0]:
                 out[w] = (f"its distance to the model, {d:.3g}, is over {self.factor:g} times "
@@ -294,7 +294,8 @@ class DistanceHistory:
             if math.isfinite(d):
                 largest[forms[w]] = max(d, largest.get(forms[w], 0.0))
         for form, d in largest.items():
-            self._largest.add(form, d)
+            if d > C.NEGLIGIBLE_DISTANCE:
+                self._largest.add(form, d)
 
     def sum_problem(self, form: Form, d: float) -> str | None:
         """Why a secure round's aggregate of this form and size ``d`` (its members hidden in
@@ -303,7 +304,7 @@ class DistanceHistory:
         member's synchronized step gradient at the clip held FedAdam's moments as an upload
         of 1e17 did in the clear."""
         window, job = self._largest.bounds(_summed(form))
-        if window is None or job is None or d <= 1e-6:
+        if window is None or job is None or d <= C.NEGLIGIBLE_DISTANCE:
             return None
         if d > self.factor * window[0]:
             return (f"its size, {d:.3g}, is over {self.factor:g} times {window[0]:.3g}, the "
@@ -314,8 +315,10 @@ class DistanceHistory:
         return None
 
     def sum_aggregated(self, form: Form, d: float) -> None:
-        """Record a secure round's aggregate, once applied (:meth:`sum_problem`)."""
-        self._largest.add(_summed(form), d)
+        """Record a secure round's aggregate, once applied (:meth:`sum_problem`); not one
+        whose members sat out (its zeros would lower the floor)."""
+        if d > C.NEGLIGIBLE_DISTANCE:
+            self._largest.add(_summed(form), d)
 
     def state(self) -> list[list[Any]]:
         return self._largest.state()

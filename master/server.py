@@ -202,7 +202,8 @@ class Master:
         self._missing_said: set[str] = set()  # the missing workers the last round line had
         self._growth = screening.GrowthWindow()  # the published models' recent norms
         self._distances = screening.DistanceHistory()  # the aggregated updates' distances
-        self._refused_sums: list[str] = []  # why the secure sums since the last applied were not
+        # why the secure sums since the last of their length applied were not, and that length
+        self._refused_sums: list[tuple[int, str]] = []
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
@@ -1199,7 +1200,7 @@ class Master:
             return None
         if len(self._refused_sums) >= C.SECAGG_MAX_REFUSED_SUMS:
             return (f"the last {len(self._refused_sums)} secure sums could not be applied (the "
-                    f"last: {self._refused_sums[-1]}): a member's update cannot be left out of "
+                    f"last: {self._refused_sums[-1][1]}): a member's update cannot be left out of "
                     f"a sum; the job cannot go on (run without secure aggregation to find whose "
                     f"updates are refused)")
         if sa.stage != SECURE_FAILED:
@@ -1231,6 +1232,8 @@ class Master:
         sent = (float(len(survivors)) if self.cfg.privacy.client_dp is not None
                 else sum(rnd.results[w].n_samples for w in survivors) / sa.n_max)
         size: float | None = None
+        length = sa.sum_.size  # a phase's sums are this long, refused or applied
+        abstained = tuple(w for w in survivors if _abstains(rnd, w))
         try:
             arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors), sent,
                                                2 * sa.error_bound() / sa.clip + 1e-9)
@@ -1241,8 +1244,7 @@ class Master:
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors),
-                                  members=tuple(survivors),
-                                  abstained=tuple(w for w in survivors if _abstains(rnd, w)))
+                                  members=tuple(survivors), abstained=abstained)
             copies = len(survivors) if self.family.strategy.sums_updates else 1
             after = self.family.aggregate(rnd.number, [result] * copies).arrays
             problem = self._growth.problem(before.arrays, after)
@@ -1253,11 +1255,13 @@ class Master:
             back()
             log.warning("round %d: the secure sum cannot be applied: %s; the model stays as "
                         "it was", rnd.number, problem)
-            self._refused_sums.append(problem)
+            self._refused_sums.append((length, problem))
             self.family.secure_refused()
             return False
-        self._refused_sums.clear()
-        if size is not None:
+        # A sum of another length applied does not end the streak: a synchronized step's
+        # first phases passed while its gradients' sum was refused at every redo.
+        self._refused_sums = [(n, why) for n, why in self._refused_sums if n != length]
+        if size is not None and not abstained:
             self._distances.sum_aggregated(form, size)
         self._growth.published()
         self.metrics.write("secagg", round=rnd.number, survivors=survivors,

@@ -11,7 +11,8 @@
   the clip, in a direction of its choosing);
 * ``step-wrap:S`` / ``step-clip:S`` (synchronous ProdLDA): once, in the gradients' phase of
   step S, every value is past the top level (the sum wraps), or at the clip (in range): one
-  step's gradient held Adam's moments, and every weight then moved the way it pushed.
+  step's gradient held Adam's moments, and every weight then moved the way it pushed;
+  ``step-clip:S+``: so in every step from S on, each time it is redone.
 
 Run it as its own process, like ``fedctl worker``::
 
@@ -54,7 +55,8 @@ def hostile_worker(cfg: Any, worker_id: str, forge: str) -> Any:
             sha256=lambda data=b"": hashlib.sha256(os.urandom(32)))
     elif forge.startswith(("step-wrap:", "step-clip:")):
         worker = Worker(cfg, worker_id)
-        family, at = worker.family, int(forge.split(":")[1])
+        family, at = worker.family, int(forge.split(":")[1].rstrip("+"))
+        every = forge.endswith("+")  # every step from S on, every time it is redone
         honest_vector, honest_quantize = family.secure_vector, secagg.quantize
         now: dict[str, Any] = {}
 
@@ -66,8 +68,10 @@ def hostile_worker(cfg: Any, worker_id: str, forge: str) -> Any:
         def quantize_step(values: np.ndarray, clip: float, n_levels: int, bits: int = 32
                           ) -> np.ndarray:
             q = honest_quantize(values, clip, n_levels, bits).copy()
-            if now.get("phase") == 4 and now.get("step") == at and not now.get("forged"):
-                now["forged"] = True  # once: the step is redone, honestly
+            step = now.get("step")
+            if now.get("phase") == 4 and step is not None and (
+                    step >= at if every else step == at and not now.get("forged")):
+                now["forged"] = True  # (once without "+": the step is redone, honestly)
                 q[:] = 2**63 if forge.startswith("step-wrap") else n_levels
                 logging.getLogger("secagg_hostile").info("forged step %d's gradient", at)
             return q
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--id", dest="worker_id", required=True)
-    parser.add_argument("--forge", required=True, help="share:W, commitment or ring")
+    parser.add_argument("--forge", required=True, help="share:W, commitment, ring, "
+                        "step-wrap:S, step-clip:S or step-clip:S+")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: "
                         "%(message)s")

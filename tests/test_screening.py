@@ -258,3 +258,20 @@ def test_with_fewer_than_three_updates_the_aggregated_rounds_are_the_reference()
     assert again.outliers({"w1": 7.0}, forms) != {}
     with pytest.raises(ValueError, match="update distances are malformed"):
         again.restore([[[["w", [4]]], [-1.0], 1.0]])
+
+
+def test_a_negligible_round_or_sum_never_becomes_the_floor() -> None:
+    """A synchronized step whose members all sat out (their zeros, and the ring's rounding:
+    a secure sum of 4e-10) was recorded as the floor, and every honest step after it (12.8)
+    was refused, redone and refused again until the budget ran out (5 of 20 steps trained,
+    exit 0: a recovery test caught it one time in four)."""
+    history = screening.DistanceHistory(rounds=3)
+    form = screening.form_of({"w": np.zeros(4)})
+    history.sum_aggregated(form, 3.0)
+    history.sum_aggregated(form, 4.27e-10)
+    assert history.sum_problem(form, 12.8) is None
+    assert history.sum_problem(form, 61.0) is not None  # the real floor still holds
+    forms = {"w1": form, "w2": form}
+    history.aggregated({"w1": 0.2, "w2": 0.3}, forms)
+    history.aggregated({"w1": 1e-9, "w2": 2e-9}, forms)
+    assert history.outliers({"w1": 5.0}, forms) == {}

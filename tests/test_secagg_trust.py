@@ -137,3 +137,20 @@ def test_one_forged_synchronous_step_is_refused(forge: str, tmp_path: Path,
     assert "forged step 4's gradient" in procs.log("w1")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert not summary.get("excluded") and summary["trained"]["steps"] == 6, summary
+
+
+@pytest.mark.slow
+def test_a_step_forged_at_every_redo_ends_the_job_not_the_budget(
+        tmp_path: Path, make_config: MakeConfig, procs: Procs) -> None:
+    """w1 forges the gradients of step 2 at the clip each time it is redone. Its first
+    phases' sums were applied between the refusals, which reset their count: the step was
+    refused and redone until the round budget (twice the rounds) ran out, and the job
+    ended "done", one step trained of six. The count is now of sums of the same length."""
+    cfg = _sync_job(tmp_path, make_config, steps=6)
+    _cluster(procs, cfg, "step-clip:2+")
+    codes = procs.wait_all(timeout=300)
+    assert codes["master"] != 0, procs.logs_tail()
+    said = procs.log("master")
+    assert f"the last {C.SECAGG_MAX_REFUSED_SUMS} secure sums could not be applied" in said, said
+    assert said.count("its secure sum in phase 4 was refused; redoing the step") == \
+        C.SECAGG_MAX_REFUSED_SUMS, said
