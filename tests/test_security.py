@@ -108,7 +108,7 @@ def _run_with_capture(make_config: MakeConfig, tmp_path: Path, procs: Procs, mod
         codes = procs.wait_all(timeout=240)
     finally:
         relay.stop()
-    cluster = {n: c for n, c in codes.items() if n not in ("rogue", "stale")}
+    cluster = {n: c for n, c in codes.items() if n not in ("rogue", "stale", "plain", "curvy")}
     assert cluster == {"master": 0, "w1": 0, "w2": 0}, procs.logs_tail()
     return bytes(relay.captured), tmp_path / "out"
 
@@ -119,10 +119,15 @@ def _request(endpoint: str, setup: Any = None, timeout_ms: int = 2000) -> bool:
     sock.setsockopt(zmq.LINGER, 0)
     if setup is not None:
         setup(sock)
+    # (a handshake failed on a protocol error, plaintext against CURVE, leaves the REQ socket
+    # no pipe: unbounded, the send blocked for good, one run in a few)
+    sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
     sock.connect(endpoint)
     try:
         sock.send_multipart(encode("ping", {"worker_id": "w1"}))
         return bool(sock.poll(timeout_ms))
+    except zmq.Again:
+        return False
     finally:
         sock.close()
 
@@ -163,6 +168,13 @@ def test_curve_run_is_unreadable_on_the_wire_and_refuses_other_keys(
         stale_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
         stale_w2 = procs.start("stale", "worker", "--config", str(stale_cfg), "--id", "w2",
                                "--threads", "1")
+        # A worker whose config has no security section: it waited out its join timeout,
+        # then asked whether the port was reachable.
+        raw["security"] = {"mode": "none"}
+        plain_cfg = tmp_path / "plain.yaml"
+        plain_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        plain_w2 = procs.start("plain", "worker", "--config", str(plain_cfg), "--id", "w2",
+                               "--threads", "1")
 
         rogue = client_keys(tmp_path / "rogue", "w2")
         rogue.server_public = admitted.server_public  # it knows the master's public key, even so
@@ -173,7 +185,11 @@ def test_curve_run_is_unreadable_on_the_wire_and_refuses_other_keys(
         assert "admitted" in procs.log("rogue")
         assert stale_w2.wait(timeout=90) != 0
         assert "is not the master's public key" in procs.log("stale"), procs.log("stale")
-        assert "no announcement" not in procs.log("rogue") + procs.log("stale")
+        assert plain_w2.wait(timeout=90) != 0
+        assert ("the master runs with CURVE security and this worker's config has none"
+                in procs.log("plain")), procs.log("plain")
+        assert "no announcement" not in procs.log("rogue") + procs.log("stale") + procs.log(
+            "plain")
         # The master names the refusal (it was at debug level, unseen).
         assert "is not among the admitted keys" in procs.log("master")
         assert procs.procs["master"].poll() is None  # still serving, still waiting for w2
@@ -192,7 +208,24 @@ def test_curve_run_is_unreadable_on_the_wire_and_refuses_other_keys(
 
 def test_plaintext_run_is_readable_on_the_wire(tmp_path: Path, make_config: MakeConfig,
                                                procs: Procs) -> None:
-    """The control for the test above: the same capture without CURVE shows the protocol."""
-    captured, _ = _run_with_capture(make_config, tmp_path, procs, "none")
+    """The control for the test above: the same capture without CURVE shows the protocol.
+    And a worker whose config has CURVE where the master has none says so, not waiting out
+    its join timeout to ask whether the port was reachable."""
+
+    def curve_worker(cfg: Path) -> None:
+        keys = tmp_path / "keys"
+        raw = yaml.safe_load(cfg.read_text())
+        raw["security"] = {"mode": "curve", "keys_dir": str(keys)}
+        raw["join_timeout"] = 600
+        curve_cfg = tmp_path / "curve.yaml"
+        curve_cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        assert run_fedctl("keygen", "--config", str(curve_cfg)).returncode == 0
+        curvy = procs.start("curvy", "worker", "--config", str(curve_cfg), "--id", "w2",
+                            "--threads", "1")
+        assert curvy.wait(timeout=90) != 0
+        assert ("the master runs without security and this worker's config has CURVE"
+                in procs.log("curvy")), procs.log("curvy")
+
+    captured, _ = _run_with_capture(make_config, tmp_path, procs, "none", curve_worker)
     assert b"register" in captured and b"0.weight" in captured
     assert "security: none" in procs.log("master")

@@ -225,6 +225,40 @@ def test_lazy_pirate_without_a_server_raises_peer_unreachable(ctx):
     client.close()  # idempotent
 
 
+def test_lazy_pirate_gives_up_on_a_server_whose_handshake_it_fails(ctx):
+    """A plaintext client and a CURVE server: ZeroMQ drops the connection on the mechanism
+    mismatch and does not reconnect, leaving the REQ socket no pipe, and a send made after
+    that blocked forever (a test hung minutes in CI on such a ping, its process slowed by the
+    others). Each attempt's send is bounded."""
+
+    class Busy(LazyPirateClient):  # a process slowed between connecting and sending
+        def _open(self) -> zmq.Socket:
+            sock = super()._open()
+            time.sleep(0.3)
+            return sock
+
+    public, secret = zmq.curve_keypair()
+    server = ctx.socket(zmq.REP)
+    server.curve_server, server.curve_secretkey, server.curve_publickey = True, secret, public
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    client = Busy(ctx, f"tcp://127.0.0.1:{port}", timeout=0.3, retries=3)
+    raised: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            client.request(M.PING, {"worker_id": "w1"})
+        except BaseException as exc:  # noqa: BLE001 (read below)
+            raised.append(exc)
+
+    asker = threading.Thread(target=request, daemon=True)
+    asker.start()
+    asker.join(timeout=20)
+    server.close(linger=0)
+    assert not asker.is_alive(), "the request's send blocked"
+    assert len(raised) == 1 and isinstance(raised[0], PeerUnreachable), raised
+    assert "3 attempts" in str(raised[0])
+
+
 def test_lazy_pirate_error_reply_raises_remote_error(ctx):
     with Server(ctx, checking_handler) as server:
         client = LazyPirateClient(ctx, server.endpoint, timeout=5.0, retries=1)

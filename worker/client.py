@@ -210,10 +210,13 @@ class Worker:
         flush_denormals()  # in the thread that trains (common/models/numerics.py says why)
         m = self.cfg.master
         setup = None
-        watch = None  # the first subscription's handshakes: refused keys fail at once
+        # the first subscription's handshakes: refused keys, or security on one side only,
+        # fail at once
+        watch = HandshakeWatch(self.cfg.security.keys_dir if self.cfg.security.curve else None,
+                               self.worker_id)
+        self._sub_setup = watch
         if self.cfg.security.curve:
             setup = client_keys(self.cfg.security.keys_dir, self.worker_id).setup
-            watch = HandshakeWatch(self.cfg.security.keys_dir, self.worker_id)
             self._sub_setup = lambda sock: (setup(sock), watch(sock))
         self._subscribe()
         self._sub_setup = setup
@@ -228,8 +231,7 @@ class Worker:
             try:
                 first = self._wait_announce(self.cfg.join_timeout, watch)
             finally:
-                if watch is not None:
-                    watch.close()
+                watch.close()
             self._register(first)
             self.heartbeat.start()
             return self._loop()

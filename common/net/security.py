@@ -179,16 +179,17 @@ _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_
 
 
 class HandshakeWatch:
-    """What became of a CURVE client socket's handshakes with the master, from ZeroMQ's socket
-    monitor: so that a worker refused for its keys says so, at once, rather than waiting out
-    its join timeout and blaming the network.
+    """What became of a worker socket's handshakes with the master, from ZeroMQ's socket
+    monitor: so that a worker refused for its keys, or whose security section differs from the
+    master's, says so at once, rather than waiting out its join timeout and blaming the
+    network.
 
     Attach it before the socket connects (it is a ``SocketSetup``); :meth:`refusal` then says
     why the master refused it, or None.
     """
 
-    def __init__(self, keys_dir: str | Path, worker_id: str) -> None:
-        self.keys = Path(keys_dir)
+    def __init__(self, keys_dir: str | Path | None, worker_id: str) -> None:
+        self.keys = None if keys_dir is None else Path(keys_dir)  # None: a plaintext worker
         self.worker_id = worker_id
         self.monitor: zmq.Socket | None = None
         self._sock: zmq.Socket | None = None
@@ -203,17 +204,27 @@ class HandshakeWatch:
         """Why the master refused this worker's handshakes (reads the events so far), or None
         while none was refused for certain."""
         while self.monitor is not None and self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)["event"]
+            message = recv_monitor_message(self.monitor)
+            event = message["event"]
+            if (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    and message.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+                # One side has CURVE and the other none: ZeroMQ does not reconnect after it,
+                # and the worker waited out its join timeout, then blamed the port.
+                return ("the master runs with CURVE security and this worker's config has "
+                        "none (set security.keys_dir to a copy of the keys `fedctl keygen` "
+                        "made)" if self.keys is None else
+                        "the master runs without security and this worker's config has CURVE "
+                        "(security.keys_dir): both sides need the same security section")
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.failures = 0
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.keys is not None:
                 return (f"the master refused this worker's key: "
                         f"{self.keys / 'workers' / f'{self.worker_id}.key'} is not among its "
                         f"admitted keys (copy it to the master's keys/admitted/"
                         f"{self.worker_id}.key and restart the master)")
             else:
                 self.failures += 1
-        if self.failures >= C.HANDSHAKE_FAILURES_TO_GIVE_UP:
+        if self.failures >= C.HANDSHAKE_FAILURES_TO_GIVE_UP and self.keys is not None:
             return (f"the CURVE handshake with the master failed {self.failures} times: "
                     f"{self.keys / 'master.key'} is not the master's public key (were the "
                     f"master's keys made again? copy its keys/master.key here)")

@@ -175,6 +175,10 @@ class LazyPirateClient:
     def _open(self) -> zmq.Socket:
         sock = _tune(self.ctx.socket(zmq.REQ), self.setup)
         sock.setsockopt(zmq.LINGER, 0)  # a dropped request must not linger on close
+        # A handshake that fails on a protocol error (a plaintext worker, a CURVE master)
+        # takes the socket's only pipe away for good, and a REQ send with no pipe blocked
+        # forever: the worker hung without a word. The send is bounded like the reply.
+        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
         sock.connect(self.endpoint)
         return sock
 
@@ -199,17 +203,26 @@ class LazyPirateClient:
         for attempt in range(1, self.retries + 1):
             if self._sock is None:
                 self._sock = self._open()
-            self._sock.send_multipart(frames, copy=False)
-            self.bytes_sent += size
-            if self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+            try:
+                self._sock.send_multipart(frames, copy=False)
+                sent = True
+            except zmq.Again:  # no connection to send on (SNDTIMEO above)
+                sent = False
+            else:
+                self.bytes_sent += size
+            if sent and self._sock.poll(int(timeout * 1000), zmq.POLLIN):
                 reply, nbytes = recv(self._sock)
                 self.bytes_received += nbytes
                 if reply.kind == ERROR:
                     raise RemoteError(str(reply.body.get("code", "?")),
                                       str(reply.body.get("message", "")))
                 return reply
-            log.warning("no reply to %s from %s in %.1fs (attempt %d/%d)", kind, self.endpoint,
-                        timeout, attempt, self.retries)
+            if sent:
+                log.warning("no reply to %s from %s in %.1fs (attempt %d/%d)", kind,
+                            self.endpoint, timeout, attempt, self.retries)
+            else:
+                log.warning("no connection to %s to send %s on in %.1fs (attempt %d/%d)",
+                            self.endpoint, kind, self.timeout, attempt, self.retries)
             self._sock.close()
             self._sock = None
         raise PeerUnreachable(
