@@ -86,9 +86,10 @@ def outliers(distances: Mapping[str, float], factor: float = C.NORM_OUTLIER_FACT
 
 
 def largest_value(arrays: Mapping[str, np.ndarray]) -> float:
-    """The largest magnitude among the arrays' values (0 for none)."""
-    return max((float(np.abs(a).max()) for a in arrays.values() if np.asarray(a).size),
-               default=0.0)
+    """The largest magnitude among the arrays' values (0 for none), without a copy of them
+    (a secure sum of 25 M coordinates is 200 MB)."""
+    return max((max(float(np.max(a)), -float(np.min(a))) for a in arrays.values()
+                if np.asarray(a).size), default=0.0)
 
 
 #: Most array forms a GrowthWindow keeps a window for (a synchronized step has four).

@@ -191,6 +191,7 @@ class Master:
         self._expected = {w.name for w in cfg.workers}
         self._resume_at = 0.0
         self._rejoin_until = 0.0  # resumed after training: the workers' time to come back
+        self._model_written: int | None = None  # the version model.npz holds, once written
         # Went back to a checkpoint, and its first round has not closed: requests of rounds past
         # it were sent to the master that died (not counted as the workers' refusals).
         self._resumed = False
@@ -1012,10 +1013,15 @@ class Master:
                     f" ({revealers} members revealed them; counted as silent)" if blamed else
                     f" (only {revealers} members revealed them: unverified who is not honest)")
         if blamed:
-            self._silent[owner] += 1
-            if self._silent[owner] >= C.ABSTAIN_LIMIT and owner not in self.excluded:
-                self._exclude(owner, f"its shares did not open its secret {self._silent[owner]} "
-                                     f"times, not forgiven (ABSTAIN_LIMIT)")
+            self._spoiled_attempt(owner, "its shares did not open its secret")
+
+    def _spoiled_attempt(self, worker_id: str, what: str) -> None:
+        """Count a member that spoiled a secure attempt as silent; exclude it at
+        ``ABSTAIN_LIMIT``."""
+        self._silent[worker_id] += 1
+        if self._silent[worker_id] >= C.ABSTAIN_LIMIT and worker_id not in self.excluded:
+            self._exclude(worker_id, f"{what} {self._silent[worker_id]} times, not forgiven "
+                                     f"(ABSTAIN_LIMIT)")
 
     def _restart_secure(self, why: str) -> None:
         """Begin the open secure round again: what its workers sent is dropped (only the sum
@@ -1063,10 +1069,7 @@ class Master:
             if (sa.stage == SECURE_FAILED and sa.attempt < C.SECAGG_MAX_ATTEMPTS
                     and len(live) >= sa.threshold):
                 for wid in withheld:
-                    self._silent[wid] += 1
-                    if self._silent[wid] >= C.ABSTAIN_LIMIT and wid not in self.excluded:
-                        self._exclude(wid, f"revealed no shares {self._silent[wid]} times, not "
-                                           f"forgiven (ABSTAIN_LIMIT)")
+                    self._spoiled_attempt(wid, "revealed no shares")
                 if sa.unopened is not None:
                     self._leave_out_unopened(rnd, *sa.unopened, threshold=sa.threshold)
                 return self._restart_secure(str(sa.failure))
@@ -1238,9 +1241,10 @@ class Master:
             arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors), sent,
                                                2 * sa.error_bound() / sa.clip + 1e-9)
             size = self.family.secure_distance(arrays)
-            form = screening.form_of(arrays)
-            if size is not None and (why := self._distances.sum_problem(form, size)):
-                raise ValueError(why)
+            if size is not None:
+                form = screening.form_of(arrays)
+                if why := self._distances.sum_problem(form, size):
+                    raise ValueError(why)
             self.family.check_update(arrays)
             result = ClientResult("secure-sum", arrays,
                                   sum(rnd.results[w].n_samples for w in survivors),
@@ -1502,13 +1506,15 @@ class Master:
         may take minutes, and a job stopped meanwhile kept nothing of what it trained."""
         self._checkpoints.flush()  # the last round's events before this one
         write_model(self.out, self.family, self.cfg, self.round, self.version, self.run_id)
+        self._model_written = self.version
         self.metrics.write("training_done", rounds=self.round, version=self.version,
                            time=time.time())
 
     def _finish(self) -> None:
         self._checkpoints.flush()  # every round's events are in the log before the summary
-        write_model(self.out, self.family, self.cfg, self.round, self.version,
-                    self.run_id)
+        if self._model_written != self.version:  # (a 100 MB model once, not twice)
+            write_model(self.out, self.family, self.cfg, self.round, self.version,
+                        self.run_id)
         trained = self.family.trained(self.version)
         unit, count = next(iter(trained.items()))
         laplace = laplace_epsilon(self.cfg.family, self.cfg.family_params)

@@ -16,6 +16,7 @@ from common.data.shards import LocalData, local_data, sentence_features, simulat
 from common.net import errors
 from common.net.wire import ProtocolError
 from common.secagg.ring import from_sum, vector_size
+from master.screening import largest_value
 from master.strategies import ClientResult, Strategy
 
 
@@ -139,13 +140,11 @@ class ServerFamily(ABC):
         # sum passes clip times the weights. A ring value past what quantization gives (the
         # sum wraps modulo 2^b) let one member set a coordinate anywhere within the members'
         # whole range, sign included: refused rather than averaged.
-        coordinates = np.asarray(total)[:-1]
-        if coordinates.size:
-            largest = max(float(coordinates.max()), -float(coordinates.min()))
-            if largest > sa.clip * (weights + tolerance):
-                raise ValueError(f"a coordinate of the secure sum is {largest:.4g}, past the "
-                                 f"{sa.clip * weights:.4g} the clipping range ({sa.clip:g}) "
-                                 f"times the weights allows: a member's input was forged")
+        largest = largest_value({"sum": np.asarray(total)[:-1]})
+        if largest > sa.clip * (weights + tolerance):
+            raise ValueError(f"a coordinate of the secure sum is {largest:.4g}, past the "
+                             f"{sa.clip * weights:.4g} the clipping range ({sa.clip:g}) times "
+                             f"the weights allows: a member's input was forged")
         return average
 
     def __init__(self, cfg: ClusterConfig, strategy: Strategy) -> None:

@@ -43,7 +43,7 @@ from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, check_arrays
 from master.families.vocabulary import VocabularyServer, agree_vocabulary
-from master.screening import aggregate_problem
+from master.screening import aggregate_problem, largest_value
 from master.strategies import ClientResult, Strategy
 from master.strategies.fedopt import FedOpt
 
@@ -165,7 +165,7 @@ class ProdLDAServer(VocabularyServer):
             # make was a ring value past the top level, wrapped (one member's gradient of 2.5e7
             # a coordinate where the clip is 4,096).
             clip = ntm_secure.CLIPS[self._secure_phase()]
-            largest = max(float(np.max(total)), -float(np.min(total))) if np.size(total) else 0.0
+            largest = largest_value({"sum": total})
             if largest > members * clip * (1 + tolerance):
                 raise ValueError(f"a value of the secure sum is {largest:.4g}, past the "
                                  f"{members * clip:.4g} that {members} members clipped to "
