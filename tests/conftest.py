@@ -10,6 +10,7 @@ filled once by the ``embed_cache`` fixture, so that no process ever embeds again
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -23,7 +24,6 @@ from typing import Any
 import pytest
 import yaml
 
-from common.net.transport import free_ports
 from fedctl.launch import ForkedProcess, child_env, fedctl_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,11 +50,37 @@ def pytest_configure(config: pytest.Config) -> None:
         threadpool_limits(share)
 
 
+#: Ports a test process's clusters take, each xdist worker from a range of its own below the
+#: ephemeral ones (32768 on): drawn there by ``bind(0)``, as before, the other worker's tests
+#: and every outgoing connection draw from the same pool between a test's pick and its
+#: master's bind.
+PORTS_FROM, PORTS_PER_PROCESS = 20000, 3000
+_port_offsets = itertools.count()
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports on 127.0.0.1 nobody listens on now, from this process's own range
+    (:data:`PORTS_FROM`), each tried by a bind, in turn: none is handed out twice before the
+    range comes round again."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = PORTS_FROM + (int(worker) if worker.isdigit() else 0) % 4 * PORTS_PER_PROCESS
+    ports: list[int] = []
+    for _ in range(PORTS_PER_PROCESS):
+        port = base + next(_port_offsets) % PORTS_PER_PROCESS
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"no {n} free ports in {base}..{base + PORTS_PER_PROCESS - 1}")
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (bound to port 0, read back, released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on right now (:func:`free_ports`)."""
+    return free_ports(1)[0]
 
 
 

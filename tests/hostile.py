@@ -66,6 +66,7 @@ class Hostile:
         sock.curve_publickey, sock.curve_secretkey = self.public, self.secret
         sock.curve_serverkey = self.server_public
         sock.linger = 0
+        sock.sndtimeo = int(1000 * self.timeout)  # (a failed handshake leaves no pipe)
         return sock
 
     def send_frames(self, parts: list[Any], timeout: float | None = None
@@ -75,8 +76,12 @@ class Hostile:
         if self._sock is None:
             self._sock = self._secure(self.ctx.socket(zmq.REQ))
             self._sock.connect(self.rep)
-        self._sock.send_multipart(parts, copy=True)  # libzmq owns what it may drop
-        if not self._sock.poll(int(1000 * (timeout or self.timeout)), zmq.POLLIN):
+        try:
+            self._sock.send_multipart(parts, copy=True)  # libzmq owns what it may drop
+            sent = True
+        except zmq.Again:
+            sent = False
+        if not sent or not self._sock.poll(int(1000 * (timeout or self.timeout)), zmq.POLLIN):
             self._sock.close()
             self._sock = None
             return None

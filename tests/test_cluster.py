@@ -56,6 +56,7 @@ def _ping(rep_endpoint: str, worker_id: str, timeout_ms: int = 5000):
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.setsockopt(zmq.SNDTIMEO, timeout_ms)  # (a failed handshake leaves no pipe)
     try:
         sock.connect(rep_endpoint)
         sock.send_multipart(encode("ping", {"worker_id": worker_id}))

@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 
 from common import constants as C
-from common.net.transport import free_ports
 from master.families import SERVER_FAMILIES
-from tests.conftest import ROOT, run_fedctl
+from tests.conftest import ROOT, free_ports, run_fedctl
 
 pytestmark = pytest.mark.slow
 

@@ -60,6 +60,7 @@ def _request(endpoint: str, kind: str, body: dict[str, Any], arrays: Any = None)
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.setsockopt(zmq.SNDTIMEO, 10_000)  # (a failed handshake leaves no pipe)
     try:
         sock.connect(endpoint)
         sock.send_multipart(encode(kind, body, arrays), copy=False)
@@ -73,6 +74,7 @@ def _announce(endpoint: str) -> dict[str, Any]:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SUBSCRIBE, b"announce")
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.setsockopt(zmq.SNDTIMEO, 10_000)  # (a failed handshake leaves no pipe)
     try:
         sock.connect(endpoint)
         return decode(sock.recv_multipart()).body

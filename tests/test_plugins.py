@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
-from common.net.transport import free_ports
 from fedctl.launch import child_env, fedctl_command
 from master.families import SERVER_FAMILIES
-from tests.conftest import DATA, ROOT
+from tests.conftest import DATA, ROOT, free_ports
 from worker.families import CLIENT_FAMILIES
 
 PLUGIN = ROOT / "tests" / "plugin_pkg"

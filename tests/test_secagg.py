@@ -585,8 +585,10 @@ def _dying(procs: Procs, config: Path, worker: str, stage: str) -> subprocess.Po
     return p
 
 
-FAST = {"heartbeat_timeout": 2, "join_timeout": 20, "model": {"family": "mlp",
-                                                               "local_epochs": 3}}
+# (join_timeout 120: the dying and hostile members are interpreters of their own, importing
+# torch three at once; the job starts as soon as every listed worker registered anyway)
+FAST = {"heartbeat_timeout": 2, "join_timeout": 120, "model": {"family": "mlp",
+                                                                "local_epochs": 3}}
 NAMES = ["w1", "w2", "w3", "w4", "w5"]
 #: Who dies in round 1, and after which stage (tests/secagg_dropout.py).
 DYING = {"w3": "keys", "w4": "shares", "w5": "input"}

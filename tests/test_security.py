@@ -223,8 +223,8 @@ def test_plaintext_run_is_readable_on_the_wire(tmp_path: Path, make_config: Make
         curvy = procs.start("curvy", "worker", "--config", str(curve_cfg), "--id", "w2",
                             "--threads", "1")
         assert curvy.wait(timeout=90) != 0
-        assert ("the master runs without security and this worker's config has CURVE"
-                in procs.log("curvy")), procs.log("curvy")
+        # (the mismatch's own line; once, under load, the three-failures line naming both)
+        assert "the master runs without security" in procs.log("curvy"), procs.log("curvy")
 
     captured, _ = _run_with_capture(make_config, tmp_path, procs, "none", curve_worker)
     assert b"register" in captured and b"0.weight" in captured

@@ -36,7 +36,7 @@ from common.net.security import keygen
 from common.net.wire import ProtocolError
 from master import screening
 from master.server import Master
-from tests.conftest import MakeConfig, Procs, start_worker_threads, wait_for
+from tests.conftest import MakeConfig, Procs, events, start_worker_threads, wait_for
 from tests.hostile import Hostile, RssWatch, frames, nested_lists_header
 
 pytestmark = pytest.mark.slow
@@ -594,12 +594,13 @@ def test_a_worker_whose_updates_are_refused_among_healthy_ones_costs_no_deadline
 
     monkeypatch.setattr(MLPClient, "fit", diverging_fit)
     config = _config(make_config, tmp_path, rounds=4, min_workers=2, round_deadline=60)
-    started = time.monotonic()
     summary, errors = _run_beside_a_hostile_w1(procs, config, mark=True)
-    took = time.monotonic() - started
     assert len(errors) == 1 and "excluded" in str(errors[0]), errors
     assert "w1" in summary["excluded"] and summary["trained"]["rounds"] == 4, summary
-    assert took < 60, took  # (each of w1's 3 rounds waited 60 s)
+    # each of w1's 3 rounds waited its 60 s deadline; now a refused update's grace, 5 s
+    # (each round's, not the job's: the job's includes starting processes on a loaded machine)
+    took = [e["duration_s"] for e in events(tmp_path / "out", "round")]
+    assert len(took) == 4 and max(took) < 30, took
 
 
 def test_a_heavy_member_in_sentencelda_gets_no_honest_ones_topics_left_out(
@@ -1017,7 +1018,9 @@ def test_a_member_silent_two_rounds_in_three_is_excluded_one_in_three_is_not(
     every other round waited its whole deadline for it, the whole job long. A silent round is
     now forgiven only after SILENCE_FORGIVEN_AFTER_ROUNDS answered; a member silent one round
     in three (slow, jittery) is never excluded."""
-    config = _config(make_config, tmp_path, rounds=15, min_workers=2, round_deadline=1,
+    # (a deadline of 1 s closed a round on w2 and w3 before w1's update, sent after theirs,
+    # came in, on a loaded machine: silent where it had spoken)
+    config = _config(make_config, tmp_path, rounds=15, min_workers=2, round_deadline=2.5,
                      heartbeat_timeout=120)
     with _serving(config) as (master, thread, client):
         clients = {w: client(w) for w in ("w1", "w2", "w3")}
@@ -1613,6 +1616,7 @@ def test_a_cluster_without_a_worker_list_admits_a_bounded_number_of_names(
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     sock.linger = 0
+    sock.sndtimeo = 10_000  # (a failed handshake leaves no pipe)
     sock.connect(rep)
 
     def code(worker_id: str) -> str:

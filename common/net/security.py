@@ -225,9 +225,12 @@ class HandshakeWatch:
             else:
                 self.failures += 1
         if self.failures >= C.HANDSHAKE_FAILURES_TO_GIVE_UP and self.keys is not None:
+            # (a master without security usually shows as the mismatch above; on a loaded
+            # machine it once came as three failures without it)
             return (f"the CURVE handshake with the master failed {self.failures} times: "
                     f"{self.keys / 'master.key'} is not the master's public key (were the "
-                    f"master's keys made again? copy its keys/master.key here)")
+                    f"master's keys made again? copy its keys/master.key here), or the master "
+                    f"runs without security")
         return None
 
     def close(self) -> None:
