@@ -1517,6 +1517,7 @@ class Master:
                         self.run_id)
         trained = self.family.trained(self.version)
         unit, count = next(iter(trained.items()))
+        unusable = self.family.model_problem() if count else None
         laplace = laplace_epsilon(self.cfg.family, self.cfg.family_params)
         self.summary, table = write_results(
             self.out, self.family, {w: s.report for w, s in self.workers.items()},
@@ -1527,7 +1528,7 @@ class Master:
              **({"failed": f"nothing was trained: 0 {unit} in {self.round} round(s)"
                            + (f"; the last update refused was {self._last_refusal}"
                               if self._last_refusal else "")}
-                if count == 0 else {}),
+                if count == 0 else {"failed": unusable} if unusable else {}),
              "refused": self._refusals(), "excluded": dict(self.excluded),
              **({"privacy": self.privacy.summary(self.version)}
                 if self.cfg.privacy.any else {}),
@@ -1535,7 +1536,7 @@ class Master:
             self.errors_served)
         self.metrics.write("done", rounds=self.round, version=self.version, time=time.time())
         note = self.out / C.FAILED_NOTE
-        if count and note.is_file():  # a failed run resumed to its end has not failed
+        if count and not unusable and note.is_file():  # resumed to its end: not failed
             note.unlink()
             log.info("%s: removed; this run failed once and was resumed to its end", note)
         final = self.out.name.removesuffix(C.STAGING_SUFFIX)

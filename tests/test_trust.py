@@ -766,6 +766,80 @@ def test_fstc_centres_or_head_of_one_of_two_members_far_off_are_left_out(
         assert all(np.abs(model[n]).max() < 1e3 for n in model.files), model.files
 
 
+def test_fstc_far_kfed_centres_and_a_far_final_head_of_one_of_three_are_left_out(
+        tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        procs: Procs) -> None:
+    """FSTC, w1 of three (attack review): its k-FED registration holds K centres of norm 3.9
+    (coordinates 0.2, far under the 1e6 bound), one document each: they took most global
+    clusters, every worker's training went NaN, every final head was refused and the run
+    ended a success with a model.npz no one could use. And its final head, honest but for
+    600 on one cluster's bias, was averaged in: every document went to that cluster (NMI 0
+    for all). Now its centres are left out of the start (KFED_NORM_FACTOR) and its head out of
+    the final model (HEAD_OUTLIER_FACTOR), and the honest members train as without it."""
+    from worker.families.base import FitResult
+    from worker.families.fstc import FSTCClient
+
+    info, fit = FSTCClient.registration_info, FSTCClient.fit
+
+    def far_registration(self):  # only w1 runs in this process
+        honest = info(self)
+        signs = np.random.default_rng(7).choice([-1.0, 1.0],
+                                                size=(honest["n_clusters"], honest["dim"]))
+        return {**honest, "centers": (0.2 * signs).tolist(),
+                "counts": [1] * honest["n_clusters"]}
+
+    def biased_fit(self, round_, meta, arrays):
+        honest = fit(self, round_, meta, arrays)
+        if "head.bias" not in honest.arrays:
+            return honest
+        bias = honest.arrays["head.bias"].copy()
+        bias[0] += 600.0
+        return FitResult({**honest.arrays, "head.bias": bias}, honest.n_samples,
+                         honest.metrics)
+
+    monkeypatch.setattr(FSTCClient, "registration_info", far_registration)
+    monkeypatch.setattr(FSTCClient, "fit", biased_fit)
+    config = _config(make_config, tmp_path, workers=3, rounds=3, min_workers=3,
+                     model={"family": "fstc", "n_clusters": 6, "iterations": 10,
+                            "batch_size": 64}, data={"task": "multiclass"})
+    summary, errors = _run_beside_a_hostile_w1(procs, config)
+    assert not errors and not summary.get("failed"), (errors, summary)
+    log = procs.log("master")
+    assert "w1's k-FED centres are left out of the start: its largest centre's norm, 3.92" \
+        in log, log
+    assert "kfed start from 2 worker(s)" in log, log
+    assert "the head of w1 is left out of the final model" in log, log
+    assert "NaN" not in procs.log("w2") + procs.log("w3")
+    out = Path(yaml.safe_load(config.read_text())["output_dir"])
+    with np.load(out / "model.npz") as model:
+        assert np.abs(model["head.bias"]).max() < 50, model["head.bias"]
+        assert np.linalg.norm(model["centers"], axis=1).max() < 1.0
+
+
+def test_an_fstc_run_whose_final_heads_were_all_refused_fails() -> None:
+    """Every model of the final round refused or left out: the job ended a success, and its
+    model.npz, centres without a head, could not be loaded (`fedctl predict`)."""
+    from common.config import parse_config
+    from master.families.fstc import FSTCServer
+    from master.strategies import ClientResult, make_strategy
+
+    k, dim = 3, 4
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 2,
+                        "model": {"family": "fstc", "n_clusters": k}}, "<test>")
+    server = FSTCServer(cfg, make_strategy("fedavg"))
+    rng = np.random.default_rng(0)
+    info = {"n_clusters": k, "dim": dim, "centers": (rng.normal(size=(k, dim)) / 4).tolist(),
+            "counts": [5, 5, 5]}
+    first = server.setup({"w1": info, "w2": info})
+    assert server.model_problem() is None  # the start's head
+    up = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
+    server.aggregate(1, [ClientResult("w1", up, 15)])  # round 2, the final one, never comes
+    assert "no clustering head" in server.model_problem()
+    head = {n: a for n, a in first.arrays.items() if n.startswith("head.")}
+    server.aggregate(2, [ClientResult("w1", {**up, **head}, 15)])
+    assert server.model_problem() is None
+
+
 def test_secure_sums_refused_round_after_round_end_the_job_saying_why(
         tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
         procs: Procs) -> None:

@@ -244,6 +244,11 @@ class ServerFamily(ABC):
         value 0 means nothing was trained, and the run does not end as a success."""
         return {"rounds": version}
 
+    def model_problem(self) -> str | None:
+        """Why the model training ended with cannot be used although rounds were applied (a
+        part only the last round aggregates never came), or None; the run then fails."""
+        return None
+
     def budget_spent(self, round_: int) -> bool:
         """True when round ``round_`` was the run's last: after ``rounds`` rounds by default.
         A family whose unit of training spans rounds counts its budget in those units, so a

@@ -40,7 +40,7 @@ from common.models.kfed import combine_centers
 from common.net import errors
 from common.net.wire import ProtocolError
 from master.families.base import Payload, ServerFamily
-from master.screening import aggregate_problem, norm
+from master.screening import aggregate_problem, distance, norm, outliers
 from master.strategies import ClientResult, Strategy
 
 log = logging.getLogger("fedctl.master")
@@ -50,9 +50,43 @@ log = logging.getLogger("fedctl.master")
 MAX_COORDINATE = 1e6
 
 
+#: How many times the workers' lower median of their largest k-FED centre's norm a worker's
+#: largest may be before its centres are left out of the start. A centre is a mean of its
+#: worker's representations, so honest ones stay near each other's norms (0.24 to 0.66 in
+#: the example's unit embeddings; a one-document cluster's is 1). One worker's six centres of
+#: norm 3.9, one document each, took 4 of the 6 global clusters, and training went NaN on
+#: every worker (review).
+KFED_NORM_FACTOR = 3.0
+
+
+#: How many times the round's lower median distance a final head may be from the
+#: nearest-centre head of the last centres: every worker's came from the same number of Adam
+#: steps (4.20, 4.11 and 4.17 in the review's honest run), so the general factor (20) let a
+#: bias that still took every document into one cluster through.
+HEAD_OUTLIER_FACTOR = 4.0
+
+
 #: A worker's counts are its documents' (soft) assignments, summing to its documents; float32
 #: sums may pass that by rounding.
 COUNT_SLACK = 1e-3
+
+
+def _far_kfed_centres(registrations: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The workers whose largest non-empty k-FED centre's norm is past
+    :data:`KFED_NORM_FACTOR` times the workers' lower median of theirs (which one hostile
+    member of two or more cannot raise) -> why; none with fewer than two workers."""
+    largest = {}
+    for wid, info in registrations.items():
+        centers = np.asarray(info["centers"], dtype=np.float64)
+        held = np.asarray(info["counts"]) > 0
+        largest[wid] = float(np.linalg.norm(centers[held], axis=1).max()) if held.any() else 0.0
+    if len(largest) < 2:
+        return {}
+    ordered = sorted(largest.values())
+    reference = ordered[(len(ordered) - 1) // 2]
+    return {w: (f"its largest centre's norm, {n:.3g}, is over {KFED_NORM_FACTOR:g} times "
+                f"{reference:.3g}, the workers' lower median (KFED_NORM_FACTOR)")
+            for w, n in largest.items() if n > KFED_NORM_FACTOR * reference}
 
 
 def _counts_within(result: ClientResult) -> np.ndarray:
@@ -165,7 +199,10 @@ class FSTCServer(ServerFamily):
                                 f"{sorted(dims)}", code=errors.REJECTED)
         (k,), (dim,) = ks, dims
         if self.params.init == "kfed":
-            infos = list(registrations.values())
+            far = _far_kfed_centres(registrations)
+            for wid, why in far.items():
+                log.warning("fstc: %s's k-FED centres are left out of the start: %s", wid, why)
+            infos = [i for w, i in registrations.items() if w not in far]
             centers = combine_centers([np.asarray(i["centers"]) for i in infos],
                                       [np.asarray(i["counts"]) for i in infos], k,
                                       random_state=self.cfg.seed)
@@ -180,7 +217,9 @@ class FSTCServer(ServerFamily):
         self.setup_info_ = {"n_clusters": k, "dim": dim}
         self.global_ = Payload({"final": self.cfg.rounds == 1}, start)
         log.info("fstc: %d clusters of %d-d representations, %s start from %d worker(s), "
-                 "variant %s", k, dim, self.params.init, len(registrations), self.params.variant)
+                 "variant %s", k, dim, self.params.init,
+                 len(infos) if self.params.init == "kfed" else len(registrations),
+                 self.params.variant)
         return self.global_
 
     # Read off setup_info_, which checkpoints keep: a resumed master knows K and the feature
@@ -269,6 +308,28 @@ class FSTCServer(ServerFamily):
             raise ValueError(f"the head: {problem}, and past the {reach:.3g} its {steps} Adam "
                              f"steps at lr_head {self.params.lr_head:g} could reach")
 
+    def _heads_screened(self, with_model: list[ClientResult], centers: np.ndarray,
+                        round_: int) -> list[ClientResult]:
+        """The final round's models less those whose head is an outlier (the round's rule,
+        :func:`master.screening.outliers`, at :data:`HEAD_OUTLIER_FACTOR`) in its distance
+        from the nearest-centre head of ``centers``; with fewer than three, the final
+        model's own check (:meth:`_check_head`) alone. The master's own screen measured the
+        whole upload against a model of centres alone, counts included: one member of three
+        adding 600 to one cluster's bias sent every document to that cluster (NMI 0 for
+        all, review)."""
+        start = {n: a for n, a in FSTCClusterer(
+            self.n_clusters, temperature=self.params.temperature).init_from_centers(
+                centers).get_arrays().items() if n.startswith("head.")}
+        far = outliers({r.worker_id: distance({n: r.arrays[n] for n in start}, start)
+                        for r in with_model}, HEAD_OUTLIER_FACTOR)
+        for wid, why in far.items():
+            log.warning("round %d: the head of %s is left out of the final model: %s",
+                        round_, wid, why)
+        kept = [r for r in with_model if r.worker_id not in far]
+        if with_model and not kept:
+            raise ValueError("every final head is an outlier")
+        return kept
+
     def _encoder_form(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of the fine-tuned encoder's arrays (``encoder.*``, as a worker's
         FSTCClusterer.get_arrays names them), from the bundled model every worker starts
@@ -276,6 +337,14 @@ class FSTCServer(ServerFamily):
         if self._encoder_shapes is None:
             self._encoder_shapes = dict(_bundled_encoder_form())
         return self._encoder_shapes
+
+    def model_problem(self) -> str | None:
+        if "head.weight" in self.global_.arrays:
+            return None
+        # (a review's hostile k-FED start made every worker's head NaN: refused, and the
+        # run ended a success, its model.npz without a head that `fedctl predict` could use)
+        return ("no clustering head: every model sent in the final round was refused or left "
+                "out (the log says why); model.npz holds the centres alone")
 
     def declared_documents(self, info: Mapping[str, Any]) -> tuple[str, float] | None:
         return "counts", sum(info["counts"])  # the k-FED start weighs centres by them
@@ -322,7 +391,8 @@ class FSTCServer(ServerFamily):
                                     [_counts_within(r) for r in results], previous=previous)
         arrays: dict[str, np.ndarray] = {CENTERS: centers}
         _check_growth("centres", {CENTERS: previous}, {CENTERS: centers})
-        with_model = [r for r in results if "head.weight" in r.arrays]
+        with_model = self._heads_screened([r for r in results if "head.weight" in r.arrays],
+                                          previous, round_)
         if with_model:
             # One form: check_update held each to the head's shapes and the encoder's arrays.
             names = set(with_model[0].arrays) - {CENTERS, COUNTS}
