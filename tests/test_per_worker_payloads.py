@@ -98,9 +98,13 @@ def test_each_worker_gets_its_own_payload_and_no_other(echo_family, tmp_path) ->
     sub = snoop.subscribe()  # every topic
     heard: list[list[bytes]] = []
     fetched: list[str] = []
+    warmed: list[str] = []
     stop = threading.Event()
 
     def listen() -> None:
+        # (its REQ socket's CURVE handshake done first, not when round 1 comes: the three
+        # echo rounds take milliseconds, and a fetch made then could come after the job's end)
+        warmed.append(snoop.code("ping", {"worker_id": "w1"}))
         while not stop.is_set():
             if sub.poll(100):
                 heard.append(sub.recv_multipart())
@@ -117,7 +121,7 @@ def test_each_worker_gets_its_own_payload_and_no_other(echo_family, tmp_path) ->
         master.serve()
     finally:
         stop.set()
-        listener.join(timeout=2)
+        listener.join(timeout=30)  # before its sockets close (not thread-safe); a fetch waits 10 s
         sub.close()
         snoop.close()
         ctx.destroy(linger=0)
@@ -125,7 +129,7 @@ def test_each_worker_gets_its_own_payload_and_no_other(echo_family, tmp_path) ->
     for t in threads:
         t.join(timeout=30)
     assert not errors, errors
-    assert fetched == ["identity"]
+    assert warmed and warmed != ["no reply"] and fetched == ["identity"], (warmed, fetched)
     rounds = [msgpack.unpackb(parts[1]) for parts in heard if parts[0] == b"round"]
     assert len(rounds) == 3 and all(r["body"]["per_worker"] for r in rounds)
     assert all(len(parts) == 2 for parts in heard)  # no message on PUB carries an array
