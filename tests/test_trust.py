@@ -766,6 +766,22 @@ def test_fstc_centres_or_head_of_one_of_two_members_far_off_are_left_out(
         assert all(np.abs(model[n]).max() < 1e3 for n in model.files), model.files
 
 
+def _fstc_server(k: int, dim: int) -> tuple[Any, Any]:
+    """An FSTC master family of two workers and two rounds, set up from one registration
+    (k-FED centres of norm about 1/2) for both; and its first payload."""
+    from common.config import parse_config
+    from master.families.fstc import FSTCServer
+    from master.strategies import make_strategy
+
+    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 2,
+                        "model": {"family": "fstc", "n_clusters": k}}, "<test>")
+    server = FSTCServer(cfg, make_strategy("fedavg"))
+    rng = np.random.default_rng(0)
+    info = {"n_clusters": k, "dim": dim, "centers": (rng.normal(size=(k, dim)) / 4).tolist(),
+            "counts": [5] * k}
+    return server, server.setup({"w1": info, "w2": info})
+
+
 def test_fstc_far_kfed_centres_and_a_far_final_head_of_one_of_three_are_left_out(
         tmp_path: Path, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
         procs: Procs) -> None:
@@ -819,18 +835,10 @@ def test_fstc_far_kfed_centres_and_a_far_final_head_of_one_of_three_are_left_out
 def test_an_fstc_run_whose_final_heads_were_all_refused_fails() -> None:
     """Every model of the final round refused or left out: the job ended a success, and its
     model.npz, centres without a head, could not be loaded (`fedctl predict`)."""
-    from common.config import parse_config
-    from master.families.fstc import FSTCServer
-    from master.strategies import ClientResult, make_strategy
+    from master.strategies import ClientResult
 
-    k, dim = 3, 4
-    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 2,
-                        "model": {"family": "fstc", "n_clusters": k}}, "<test>")
-    server = FSTCServer(cfg, make_strategy("fedavg"))
-    rng = np.random.default_rng(0)
-    info = {"n_clusters": k, "dim": dim, "centers": (rng.normal(size=(k, dim)) / 4).tolist(),
-            "counts": [5, 5, 5]}
-    first = server.setup({"w1": info, "w2": info})
+    k = 3
+    server, first = _fstc_server(k, dim=4)
     assert server.model_problem() is None  # the start's head
     up = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
     server.aggregate(1, [ClientResult("w1", up, 15)])  # round 2, the final one, never comes
@@ -1461,18 +1469,12 @@ def test_fstc_centres_and_head_far_off_are_refused_or_not_published() -> None:
     or a final head that grow the published ones past the growth limit are not published
     (the family raises, the master leaves out the update furthest out), while honest ones
     are."""
-    from common.config import parse_config
-    from master.families.fstc import MAX_COORDINATE, FSTCServer
-    from master.strategies import ClientResult, make_strategy
+    from master.families.fstc import MAX_COORDINATE
+    from master.strategies import ClientResult
 
     k, dim = 3, 4
-    cfg = parse_config({"workers": ["w1", "w2"], "rounds": 2,
-                        "model": {"family": "fstc", "n_clusters": k}}, "<test>")
-    server = FSTCServer(cfg, make_strategy("fedavg"))
-    rng = np.random.default_rng(0)
-    info = {"n_clusters": k, "dim": dim, "centers": (rng.normal(size=(k, dim)) / 4).tolist(),
-            "counts": [5, 5, 5]}
-    first = server.setup({"w1": info, "w2": info})
+    server, first = _fstc_server(k, dim)
+    rng = np.random.default_rng(1)
     up = {"centers": first.arrays["centers"], "counts": np.full(k, 5, np.float32)}
     with pytest.raises(ProtocolError, match="centers: a coordinate past"):
         server.check_update({**up, "centers": np.full((k, dim), 2 * MAX_COORDINATE,
