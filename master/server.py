@@ -203,8 +203,9 @@ class Master:
         self._missing_said: set[str] = set()  # the missing workers the last round line had
         self._growth = screening.GrowthWindow()  # the published models' recent norms
         self._distances = screening.DistanceHistory()  # the aggregated updates' distances
-        # why the secure sums since the last of their length applied were not, and that length
-        self._refused_sums: list[tuple[int, str]] = []
+        # why the secure sums since the last of their kind applied were not, and that kind
+        # (length, family's secure_kind)
+        self._refused_sums: list[tuple[tuple[int, int | None], str]] = []
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
@@ -1235,7 +1236,7 @@ class Master:
         sent = (float(len(survivors)) if self.cfg.privacy.client_dp is not None
                 else sum(rnd.results[w].n_samples for w in survivors) / sa.n_max)
         size: float | None = None
-        length = sa.sum_.size  # a phase's sums are this long, refused or applied
+        kind = (sa.sum_.size, self.family.secure_kind())  # refusals are counted by kind
         abstained = tuple(w for w in survivors if _abstains(rnd, w))
         try:
             arrays = self.family.secure_result(sa.sum_, sa.n_max, len(survivors), sent,
@@ -1259,12 +1260,14 @@ class Master:
             back()
             log.warning("round %d: the secure sum cannot be applied: %s; the model stays as "
                         "it was", rnd.number, problem)
-            self._refused_sums.append((length, problem))
+            self._refused_sums.append((kind, problem))
             self.family.secure_refused()
             return False
-        # A sum of another length applied does not end the streak: a synchronized step's
+        # A sum of another kind applied does not end the streak: a synchronized step's
         # first phases passed while its gradients' sum was refused at every redo.
-        self._refused_sums = [(n, why) for n, why in self._refused_sums if n != length]
+        self._refused_sums = [(k, why) for k, why in self._refused_sums if k != kind]
+        # (not a sum some members sat out: their zeros would lower the floor; a member that
+        # always abstains keeps it unset, and is excluded at ABSTAIN_LIMIT)
         if size is not None and not abstained:
             self._distances.sum_aggregated(form, size)
         self._growth.published()

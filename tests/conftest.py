@@ -50,23 +50,25 @@ def pytest_configure(config: pytest.Config) -> None:
         threadpool_limits(share)
 
 
-#: Ports a test process's clusters take, each xdist worker from a range of its own below the
-#: ephemeral ones (32768 on): drawn there by ``bind(0)``, as before, the other worker's tests
-#: and every outgoing connection draw from the same pool between a test's pick and its
+#: Ports the tests' clusters take, each xdist worker from a slice of its own of these, below
+#: the ephemeral ones (32768 on): drawn there by ``bind(0)``, as before, the other worker's
+#: tests and every outgoing connection drew from the same pool between a test's pick and its
 #: master's bind.
-PORTS_FROM, PORTS_PER_PROCESS = 20000, 3000
-_port_offsets = itertools.count()
+PORTS_FROM, PORTS_SPAN = 20000, 12000
+_port_offsets = itertools.count(os.getpid())  # (another session beside this one: elsewhere)
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` TCP ports on 127.0.0.1 nobody listens on now, from this process's own range
-    (:data:`PORTS_FROM`), each tried by a bind, in turn: none is handed out twice before the
-    range comes round again."""
+    """``n`` TCP ports on 127.0.0.1 nobody listens on now, from this xdist worker's own slice
+    of :data:`PORTS_SPAN` ports, each tried by a bind, in turn from a place of this process's
+    own: none is handed out twice before the slice comes round again."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    base = PORTS_FROM + (int(worker) if worker.isdigit() else 0) % 4 * PORTS_PER_PROCESS
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    span = PORTS_SPAN // max(1, int(count) if count.isdigit() else 1)
+    base = PORTS_FROM + (int(worker) if worker.isdigit() else 0) * span % PORTS_SPAN
     ports: list[int] = []
-    for _ in range(PORTS_PER_PROCESS):
-        port = base + next(_port_offsets) % PORTS_PER_PROCESS
+    for _ in range(span):
+        port = base + next(_port_offsets) % span
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -75,7 +77,7 @@ def free_ports(n: int) -> list[int]:
         ports.append(port)
         if len(ports) == n:
             return ports
-    raise RuntimeError(f"no {n} free ports in {base}..{base + PORTS_PER_PROCESS - 1}")
+    raise RuntimeError(f"no {n} free ports in {base}..{base + span - 1}")
 
 
 def free_port() -> int:

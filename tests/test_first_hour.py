@@ -491,12 +491,12 @@ def test_a_diverging_model_ends_at_once_saying_why(make_config: MakeConfig, tmp_
     with a resume advice that could not help. Now the rounds close when every update is in or
     refused, the worker says its training diverged and names the learning rate, and the run
     says what was refused and to change the config."""
-    config = make_config(tmp_path, workers=2, rounds=rounds, round_deadline=120,
+    config = make_config(tmp_path, workers=2, rounds=rounds, round_deadline=300,
                          model={"family": "mlp", "lr": 1e30})
     started = time.monotonic()
-    run = _fedctl("run", "--config", str(config), "--no-progress", timeout=230)
+    run = _fedctl("run", "--config", str(config), "--no-progress", timeout=400)
     assert run.returncode == 1, run.stderr[-3000:]
-    assert time.monotonic() - started < 200  # not 3 deadlines of 120 s (2 at least: 240 s)
+    assert time.monotonic() - started < 200  # not one deadline of 300 s, let alone all
     failed = tmp_path / "out.failed"
     assert "holds NaN or Inf" in run.stderr
     assert "--resume" not in run.stderr and "change the config" in run.stderr, run.stderr

@@ -106,6 +106,11 @@ class ServerFamily(ABC):
         """A secure round's sum was refused (the model restored as it was): what the family
         must do before its next round. Nothing by default: the round is run again."""
 
+    def secure_kind(self) -> int | None:
+        """Which of the family's secure sums this round takes (a synchronized step's phase),
+        beside its length: the master counts refused sums kind by kind. None: one kind."""
+        return None
+
     def secure_distance(self, result: Mapping[str, np.ndarray]) -> float | None:
         """The size a secure round's result is held to against the last rounds' (None: not
         held; a model's growth is checked anyway): :meth:`screening.DistanceHistory.sum_problem`,

@@ -73,14 +73,15 @@ COUNT_SLACK = 1e-3
 
 def _far_kfed_centres(registrations: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """The workers whose largest non-empty k-FED centre's norm is past
-    :data:`KFED_NORM_FACTOR` times the workers' lower median of theirs (which one hostile
-    member of two or more cannot raise) -> why; none with fewer than two workers."""
+    :data:`KFED_NORM_FACTOR` times the workers' lower median of theirs -> why; none with fewer
+    than three workers (of two, the lower median is either one's: a hostile member's tiny
+    centres would put the honest one's out)."""
     largest = {}
     for wid, info in registrations.items():
         centers = np.asarray(info["centers"], dtype=np.float64)
         held = np.asarray(info["counts"]) > 0
         largest[wid] = float(np.linalg.norm(centers[held], axis=1).max()) if held.any() else 0.0
-    if len(largest) < 2:
+    if len(largest) < 3:
         return {}
     ordered = sorted(largest.values())
     reference = ordered[(len(ordered) - 1) // 2]

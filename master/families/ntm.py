@@ -142,6 +142,10 @@ class ProdLDAServer(VocabularyServer):
         """The round's phase in :mod:`common.models.ntm_secure`'s terms."""
         return self.phase_ if self.params.synced_batch_norm else ntm_secure.STEP
 
+    def secure_kind(self) -> int | None:
+        # (two phases' sums can have one length: with V = 2T, 1 + 4T and 1 + 2V)
+        return self._secure_phase() if self.params.mode == "sync" else None
+
     def secure_ring(self, bits: int) -> tuple[int, float]:
         # A synchronous step's sums go in the 64-bit ring, clipped by phase (ntm_secure).
         if self.params.mode != "sync":
