@@ -394,8 +394,20 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+#: The signals this run was stopped by: an extension may turn the exception a signal raised
+#: into its own (a Ctrl-C while openvino's module loaded came out as "ImportError:
+#: initialization failed", with a traceback, exit 1).
+_SIGNALLED: list[int] = []
+
+
 def _stop_on(signum: int, frame: object) -> None:
+    _SIGNALLED.append(signum)
     raise Stopped(signum)
+
+
+def _interrupt_on(signum: int, frame: object) -> None:
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt
 
 
 #: Signals that stop a run as Ctrl-C does. The processes it started have sessions of their own
@@ -427,7 +439,10 @@ def stopped_by_signals() -> Iterator[None]:
 def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     cluster = LocalCluster(cfg, log_level=log_level, progress=progress)
     metrics_path = cluster.out / "metrics.jsonl"
+    _SIGNALLED.clear()
     before = _catch_stop_signals()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        before[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_on)
     bar = None
     code = 0
     try:
@@ -444,9 +459,19 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     except Stopped as exc:
         log.warning("stopped by %s: stopping the master and workers", exc)
         code = 128 + exc.signum
+    except Exception:
+        if not _SIGNALLED:
+            raise
+        # (the signal's own exception, turned into another by an extension on the way)
+        signum = _SIGNALLED[0]
+        log.debug("stopped by a signal, raised as another exception", exc_info=True)
+        log.warning("%s: stopping the master and workers", "interrupted (Ctrl-C)"
+                    if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
+        code = 128 + signum
     finally:
         # A second signal (Ctrl-C again too) must not cut the stop short: it is bounded.
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *before)}
+        held = {s: signal.signal(s, signal.SIG_IGN)
+                for s in dict.fromkeys((signal.SIGINT, *before))}
         try:
             cluster.stop()  # first: whatever fails after, nothing is left running
         finally:
