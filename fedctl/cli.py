@@ -150,7 +150,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
     _setup_logging(log_level)
     _master_threads(config, overrides, workers, threads)
     from common.net.security import SecurityError
-    from fedctl.run import Stopped, stopped_by_signals
+    from fedctl.run import Stopped, raise_if_stopped, stopped_by_signals
     from master.server import Master
 
     try:
@@ -179,6 +179,7 @@ def master(config: str, overrides: tuple[str, ...], workers: int | None, rounds:
                                   f"choose another --output, or an output_dir named latest "
                                   f"(a new folder each run)")
             server = Master(cfg, resume=resume)
+            server.on_tick = raise_if_stopped
             server.bind()
             summary = server.serve()
             if summary.get("failed"):

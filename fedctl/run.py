@@ -394,10 +394,20 @@ class Stopped(BaseException):
         self.signum = signum
 
 
-#: The signals this run was stopped by: an extension may turn the exception a signal raised
-#: into its own (a Ctrl-C while openvino's module loaded came out as "ImportError:
-#: initialization failed", with a traceback, exit 1).
+#: The signals this process was stopped by. The exception a handler raises may not arrive as
+#: such: an extension may turn it into its own (a Ctrl-C while openvino's module loaded came
+#: out as "ImportError: initialization failed", a traceback, exit 1), or swallow it (raised
+#: inside a ZeroMQ frame's ``__dealloc__``, Python prints it as "Exception ignored" and goes
+#: on: a SIGTERMed master served on until its workers' absence ended the job).
 _SIGNALLED: list[int] = []
+
+
+def raise_if_stopped() -> None:
+    """Raise again the stop a signal asked for, if one did: called in a loop that must not
+    serve on past a stop whose exception was swallowed (:data:`_SIGNALLED`)."""
+    if _SIGNALLED:
+        signum = _SIGNALLED[0]
+        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
 
 
 def _stop_on(signum: int, frame: object) -> None:
@@ -429,6 +439,8 @@ def stopped_by_signals() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP raise :class:`Stopped` where this (main) thread is, so that
     ``finally`` blocks run as for Ctrl-C (a master closes its checkpoint writer, its log)."""
     before = _catch_stop_signals()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        before[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_on)
     try:
         yield
     finally:

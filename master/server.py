@@ -15,7 +15,7 @@ import os
 import secrets
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +206,9 @@ class Master:
         # why the secure sums since the last of their kind applied were not, and that kind
         # (length, family's secure_kind)
         self._refused_sums: list[tuple[tuple[int, int | None], str]] = []
+        # Called before each tick of serve(): the command line's check that no stop signal's
+        # exception was swallowed on the way (fedctl.run.raise_if_stopped).
+        self.on_tick: Callable[[], None] | None = None
         self._cpu_mark = time.process_time()  # this process's CPU at the last round's close
         self.pub: zmq.Socket | None = None
         self.rep: zmq.Socket | None = None
@@ -284,6 +287,8 @@ class Master:
                            time=time.time())
         try:
             while self.phase != DONE:
+                if self.on_tick is not None:
+                    self.on_tick()
                 self._tick()
         finally:
             self._checkpoints.close()  # its last events go to the log before the log closes
