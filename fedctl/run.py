@@ -428,10 +428,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 def _catch_stop_signals() -> dict[int, Any]:
     """Make each of :data:`STOP_SIGNALS` raise :class:`Stopped`, except one this process was
-    started ignoring (``nohup`` ignores SIGHUP so that closing the terminal stops nothing);
-    returns the handlers it replaced."""
-    return {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS
-            if signal.getsignal(s) is not signal.SIG_IGN}
+    started ignoring (``nohup`` ignores SIGHUP so that closing the terminal stops nothing),
+    and Ctrl-C, left to Python's own, raise KeyboardInterrupt as before; each recorded in
+    :data:`_SIGNALLED`. Returns the handlers it replaced."""
+    before = {s: signal.signal(s, _stop_on) for s in STOP_SIGNALS
+              if signal.getsignal(s) is not signal.SIG_IGN}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        before[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_on)
+    return before
 
 
 @contextlib.contextmanager
@@ -439,8 +443,6 @@ def stopped_by_signals() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP raise :class:`Stopped` where this (main) thread is, so that
     ``finally`` blocks run as for Ctrl-C (a master closes its checkpoint writer, its log)."""
     before = _catch_stop_signals()
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        before[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_on)
     try:
         yield
     finally:
@@ -448,13 +450,18 @@ def stopped_by_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _stopping(signum: int) -> int:
+    """Say that a signal stops the run; its exit status."""
+    log.warning("%s: stopping the master and workers", "interrupted (Ctrl-C)"
+                if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
+    return 128 + signum
+
+
 def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     cluster = LocalCluster(cfg, log_level=log_level, progress=progress)
     metrics_path = cluster.out / "metrics.jsonl"
     _SIGNALLED.clear()
     before = _catch_stop_signals()
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        before[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_on)
     bar = None
     code = 0
     try:
@@ -466,20 +473,15 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
                    dynamic_ncols=True)
         code = _follow(cluster, metrics_path, bar, cfg.baselines)
     except KeyboardInterrupt:
-        log.warning("interrupted (Ctrl-C): stopping the master and workers")
-        code = 130
+        code = _stopping(signal.SIGINT)
     except Stopped as exc:
-        log.warning("stopped by %s: stopping the master and workers", exc)
-        code = 128 + exc.signum
+        code = _stopping(exc.signum)
     except Exception:
         if not _SIGNALLED:
             raise
         # (the signal's own exception, turned into another by an extension on the way)
-        signum = _SIGNALLED[0]
         log.debug("stopped by a signal, raised as another exception", exc_info=True)
-        log.warning("%s: stopping the master and workers", "interrupted (Ctrl-C)"
-                    if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
-        code = 128 + signum
+        code = _stopping(_SIGNALLED[0])
     finally:
         # A second signal (Ctrl-C again too) must not cut the stop short: it is bounded.
         held = {s: signal.signal(s, signal.SIG_IGN)

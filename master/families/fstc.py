@@ -292,15 +292,13 @@ class FSTCServer(ServerFamily):
                 raise ProtocolError(f"the encoder's arrays are not the model's ({len(odd)} "
                                     f"differ, e.g. {odd[0]!r})", code=errors.SHAPE)
 
-    def _check_head(self, head: Mapping[str, np.ndarray], centers: np.ndarray,
+    def _check_head(self, head: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray],
                     round_: int) -> None:
         """ValueError where the final head is further from the head the workers started
-        from than training could take it: past the growth limit times that start (the
-        nearest-centre head of ``centers``: the start itself is neither kept nor
+        from than training could take it: past the growth limit times that start (``start``,
+        :meth:`_start_head` of the last centres: the start itself is neither kept nor
         checkpointed) and past all its ``round_`` × ``iterations`` Adam steps at
         ``lr_head`` (a start small at a high temperature cannot bound an honest head alone)."""
-        start = FSTCClusterer(self.n_clusters, temperature=self.params.temperature
-                              ).init_from_centers(centers).get_arrays()
         size = sum(a.size for a in start.values())
         steps = round_ * self.params.iterations
         reach = norm(start) + ADAM_STEP_BOUND * self.params.lr_head * steps * math.sqrt(size)
@@ -309,25 +307,28 @@ class FSTCServer(ServerFamily):
             raise ValueError(f"the head: {problem}, and past the {reach:.3g} its {steps} Adam "
                              f"steps at lr_head {self.params.lr_head:g} could reach")
 
-    def _heads_screened(self, with_model: list[ClientResult], centers: np.ndarray,
+    def _start_head(self, centers: np.ndarray) -> dict[str, np.ndarray]:
+        """The nearest-centre head of ``centers`` (``head.*``), what a head is measured from."""
+        head = FSTCClusterer(self.n_clusters, temperature=self.params.temperature
+                             ).init_from_centers(centers).get_arrays()
+        return {n: a for n, a in head.items() if n.startswith("head.")}
+
+    def _heads_screened(self, with_model: list[ClientResult], start: Mapping[str, np.ndarray],
                         round_: int) -> list[ClientResult]:
         """The final round's models less those whose head is an outlier (the round's rule,
         :func:`master.screening.outliers`, at :data:`HEAD_OUTLIER_FACTOR`) in its distance
-        from the nearest-centre head of ``centers``; with fewer than three, the final
+        from ``start``, the last centres' nearest-centre head; with fewer than three, the final
         model's own check (:meth:`_check_head`) alone. The master's own screen measured the
         whole upload against a model of centres alone, counts included: one member of three
         adding 600 to one cluster's bias sent every document to that cluster (NMI 0 for
         all, review)."""
-        start = {n: a for n, a in FSTCClusterer(
-            self.n_clusters, temperature=self.params.temperature).init_from_centers(
-                centers).get_arrays().items() if n.startswith("head.")}
         far = outliers({r.worker_id: distance({n: r.arrays[n] for n in start}, start)
                         for r in with_model}, HEAD_OUTLIER_FACTOR)
         for wid, why in far.items():
             log.warning("round %d: the head of %s is left out of the final model: %s",
                         round_, wid, why)
         kept = [r for r in with_model if r.worker_id not in far]
-        if with_model and not kept:
+        if not kept:
             raise ValueError("every final head is an outlier")
         return kept
 
@@ -392,15 +393,16 @@ class FSTCServer(ServerFamily):
                                     [_counts_within(r) for r in results], previous=previous)
         arrays: dict[str, np.ndarray] = {CENTERS: centers}
         _check_growth("centres", {CENTERS: previous}, {CENTERS: centers})
-        with_model = self._heads_screened([r for r in results if "head.weight" in r.arrays],
-                                          previous, round_)
-        if with_model:
+        with_model = [r for r in results if "head.weight" in r.arrays]
+        if with_model:  # the final round (only its updates carry the model)
+            start = self._start_head(previous)
+            with_model = self._heads_screened(with_model, start, round_)
             # One form: check_update held each to the head's shapes and the encoder's arrays.
             names = set(with_model[0].arrays) - {CENTERS, COUNTS}
             arrays.update(weighted_average([{n: r.arrays[n] for n in names} for r in with_model],
                                            [r.n_samples for r in with_model]))
             self._check_head({n: arrays[n] for n in ("head.weight", "head.bias")},
-                             previous, round_)
+                             start, round_)
         self.global_ = Payload({"final": round_ + 1 == self.cfg.rounds}, arrays)
         return self.global_
 
