@@ -467,6 +467,7 @@ def _run(cfg: ClusterConfig, progress: bool, log_level: str) -> int:
     try:
         log.info("preparing %s (once for all %d workers)", cfg.family, len(cfg.workers))
         cluster.prepare()
+        raise_if_stopped()  # (a Ctrl-C an extension swallowed while preparing)
         cluster.start()
         log.info("started master and %d worker(s); logs in %s", len(cfg.workers), cluster.logs)
         bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", disable=not progress,
@@ -504,6 +505,7 @@ def _follow(cluster: LocalCluster, metrics_path: Path, bar: tqdm, baselines: boo
     tail = MetricsTail(metrics_path)
     while True:
         time.sleep(POLL_S)
+        raise_if_stopped()  # a stop whose exception was swallowed (_SIGNALLED)
         for e in tail.new_events():
             if e["event"] == "training_done":
                 # The baselines may take longer than the training: say what the wait is for.
